@@ -1,0 +1,236 @@
+"""Analyses: recognise copy kernels, classify mappings by contiguity, classify consumers.
+
+* :func:`index_copy_mapping` recovers the :class:`Mapping` of any legalized PrimFunc that is a
+  pure index copy ``out[v] = in_j[f(v)]`` (optionally piecewise through ``if_then_else`` /
+  ``select``, with constants, and with indices that load an index tensor). Whatever composition
+  of movement ops produced it, the rest of vtc-tvm can then treat it like a registered op.
+* :func:`contiguity` measures the physical runs of a mapping (the paper's contiguity classes).
+* :func:`op_pattern` is TVM's own ``AnnotateTIROpPattern`` classification of a PrimFunc.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import relax, tirx
+from tvm.ir import TensorLoad
+
+from .mapping import Mapping, Piece, _eval_np
+
+# TVM's OpPatternKind (include/tvm/relax/op_attr_types.h)
+ELEMWISE, BROADCAST, INJECTIVE, COMM_REDUCE, OUT_EWISE_FUSABLE, OPAQUE = 0, 1, 2, 3, 4, 8
+
+
+def _non_root_blocks(func):
+    blocks = []
+    tvm_ffi.structural_walk(
+        func.body,
+        (tvm.s_tir.SBlock, lambda b: blocks.append(b) if b.name_hint != "root" else None),
+        order="post",
+    )
+    return blocks
+
+
+def index_copy_mapping(func: tirx.PrimFunc) -> Optional[Mapping]:
+    """The mapping of ``func`` if it is a one-block pure index copy into its last parameter."""
+    if not isinstance(func, tirx.PrimFunc) or len(func.params) < 2:
+        return None
+    blocks = _non_root_blocks(func)
+    if len(blocks) != 1:
+        return None
+    block = blocks[0]
+    store = block.body
+    out, inputs = func.params[-1], list(func.params[:-1])
+    if block.init is not None or not isinstance(store, tirx.BufferStore):
+        return None
+    if not store.buffer.same_as(out) or len(store.indices) != len(block.iter_vars):
+        return None
+    if any(not idx.same_as(iv.var) for idx, iv in zip(store.indices, block.iter_vars)):
+        return None
+    if any(iv.iter_type != 0 for iv in block.iter_vars):  # data-parallel axes only
+        return None
+    if any(not tirx.is_buffer_var(p) for p in func.params):
+        return None
+    shape = []
+    for d in out.shape:
+        if not isinstance(d, tirx.IntImm):
+            return None
+        shape.append(int(d.value))
+    try:
+        pieces = _pieces(store.value, inputs)
+    except _NotACopy:
+        return None
+    if not any(p.source is not None for p in pieces):
+        return None
+    sources = [tirx.decl_buffer(p.shape, p.dtype, f"src{j}") for j, p in enumerate(inputs)]
+    vmap = {iv.var: v for iv, v in zip(block.iter_vars, _new_vars(len(shape)))}
+    rename = lambda e: _rename(e, vmap, inputs, sources)
+    pieces = [
+        Piece(p.source, tuple(rename(e) for e in p.indices),
+              None if p.cond is None else rename(p.cond),
+              None if p.value is None else p.value)
+        for p in pieces
+    ]
+    return Mapping(shape, str(out.dtype), sources, list(vmap.values()), pieces).simplify()
+
+
+class _NotACopy(Exception):
+    pass
+
+
+def _new_vars(n):
+    return [tirx.Var(f"v{i}", "int64") for i in range(n)]
+
+
+def _rename(expr, vmap, old_bufs, new_bufs):
+    from .mapping import _rebind_loads, _substitute
+
+    expr = _substitute(expr, vmap)
+    return _rebind_loads(expr, old_bufs, lambda j, idx: tirx.BufferLoad(new_bufs[j], idx))
+
+
+def _pieces(value, inputs):
+    """Split a store value into pieces; raise _NotACopy if it computes anything."""
+    if isinstance(value, TensorLoad):
+        for j, p in enumerate(inputs):
+            if value.source.same_as(p):
+                return [Piece(j, tuple(value.indices))]
+        raise _NotACopy
+    if type(value).__name__ in ("IntImm", "FloatImm"):
+        return [Piece(None, value=value)]
+    if type(value).__name__ == "Select":
+        cond, then, other = value.condition, value.true_value, value.false_value
+    elif type(value).__name__ == "Call" and value.op.name.endswith("if_then_else"):
+        cond, then, other = value.args
+    else:
+        raise _NotACopy
+    # Pieces of the true branch apply where ``cond`` holds too; the false branch follows.
+    guarded = [Piece(p.source, p.indices, cond if p.cond is None else tirx.all(cond, p.cond), p.value)
+               for p in _pieces(then, inputs)]
+    return guarded + _pieces(other, inputs)
+
+
+def is_data_movement(func) -> bool:
+    """True if ``func`` only moves data (a pure index copy)."""
+    return index_copy_mapping(func) is not None
+
+
+def op_pattern(func: tirx.PrimFunc) -> int:
+    """TVM's op pattern of a PrimFunc (0 elementwise ... 4 out-ewise-fusable, 8 opaque)."""
+    if "op_pattern" in (func.attrs or {}):
+        return int(func.attrs["op_pattern"])
+    gv = tvm.ir.GlobalVar("f")
+    mod = relax.transform.AnnotateTIROpPattern()(tvm.IRModule({gv: func}))
+    return int(mod[gv].attrs["op_pattern"])
+
+
+# -- contiguity ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Contiguity:
+    """Runs of virtual elements that are adjacent in one physical source.
+
+    ``inner_run``: along the virtual tensor's row-major order (what an elementwise or
+    injective consumer streams); ``best_axis_run``: the longest unit-stride run along any single
+    virtual axis (what a tiled consumer such as a GEMM can stage through shared memory).
+    ``reuse``: virtual elements per distinct physical element read (> 1 for broadcast/tile).
+    """
+
+    inner_run: int
+    best_axis_run: int
+    full: bool
+    reuse: float
+    indirect: bool
+    piecewise: bool
+
+
+_SAMPLE = 4096
+
+
+def contiguity(mapping: Mapping, seed: int = 0) -> Contiguity:
+    """Measure a mapping by evaluating it on a bounded sample of indices (with random index
+    tensors for indirect mappings)."""
+    rng = np.random.default_rng(seed)
+    shape = mapping.shape
+    size = mapping.size
+    if size == 0:
+        return Contiguity(0, 0, True, 1.0, mapping.is_indirect, mapping.is_piecewise)
+    env_bufs = _offset_sources(mapping, rng)
+    # Row-major run: a window of the innermost elements at a few random outer positions.
+    window = min(size, _SAMPLE)
+    starts = sorted({0} | {int(s) // window * window for s in rng.integers(0, size, 3)})
+    inner, first = window, []
+    for start in starts:
+        flat = np.arange(start, min(start + window, size), dtype=np.int64)
+        offs = _offsets(mapping, np.unravel_index(flat, shape), env_bufs)
+        inner = min(inner, _aligned_run(offs))
+        first.append(offs[0])
+    # Fully contiguous: every sampled window continues the first one in the same source.
+    full = inner == window and all(f - first[0] == s for f, s in zip(first, starts))
+    inner = size if full else inner
+    best = 1
+    for axis, n in enumerate(shape):
+        line = [np.full(min(n, _SAMPLE), rng.integers(0, d), dtype=np.int64) for d in shape]
+        line[axis] = np.arange(min(n, _SAMPLE), dtype=np.int64)
+        best = max(best, _aligned_run(_offsets(mapping, line, env_bufs)))
+    # Reuse: distinct physical elements among a sample of virtual ones.
+    flat = rng.choice(size, min(size, _SAMPLE), replace=False) if size > _SAMPLE else np.arange(size)
+    offs = _offsets(mapping, np.unravel_index(flat, shape), env_bufs)
+    distinct = len(np.unique(offs[offs >= 0])) or 1
+    reuse = float((offs >= 0).sum()) / distinct if size <= _SAMPLE else _reuse_ratio(mapping)
+    return Contiguity(inner, max(best, min(inner, shape[-1] if shape else 1)), full, reuse,
+                      mapping.is_indirect, mapping.is_piecewise)
+
+
+def _reuse_ratio(mapping):
+    physical = sum(math.prod(mapping.source_shape(j)) for j in mapping.data_sources())
+    return mapping.size / physical if physical else 1.0
+
+
+def _offset_sources(mapping, rng):
+    """Sources as arrays of *global* element offsets (data sources) or random valid indices
+    (index sources). Constants evaluate to -1."""
+    data = mapping.data_sources()
+    arrays, base = [], 0
+    for j in range(len(mapping.sources)):
+        shp = mapping.source_shape(j)
+        n = math.prod(shp)
+        if j in data:
+            arrays.append(np.arange(base, base + n, dtype=np.int64).reshape(shp))
+            base += n + 1  # a gap: runs never continue from one source into the next
+        else:
+            arrays.append(None)
+    # Index sources: random indices valid for every data source axis they could index.
+    bound = min((min(mapping.source_shape(j)) for j in data), default=1) if data else 1
+    for j, a in enumerate(arrays):
+        if a is None:
+            arrays[j] = rng.integers(0, max(bound, 1), mapping.source_shape(j)).astype(np.int64)
+    return arrays
+
+
+def _offsets(mapping, index_arrays, arrays):
+    env = {v: np.asarray(ix, dtype=np.int64) for v, ix in zip(mapping.vars, index_arrays)}
+    bufs = {b: arrays[j] for j, b in enumerate(mapping.sources)}
+    offs_map = Mapping(mapping.shape, "int64", mapping.sources, mapping.vars, [
+        _offset_piece(p) for p in mapping.pieces])
+    out = _eval_np(offs_map.value_expr(), env, bufs)
+    return np.broadcast_to(np.asarray(out, dtype=np.int64), np.shape(index_arrays[0])).ravel()
+
+
+def _offset_piece(p: Piece) -> Piece:
+    """Constant pieces read no memory: give them offset -1."""
+    return p if p.source is not None else Piece(None, (), p.cond, tirx.IntImm("int64", -1))
+
+
+def _aligned_run(offs: np.ndarray) -> int:
+    """Largest r (a divisor of len) such that every aligned block of r offsets is consecutive."""
+    n = len(offs)
+    step_ok = np.concatenate([[False], (np.diff(offs) == 1) & (offs[1:] >= 0)])
+    for r in sorted((d for d in range(2, n + 1) if n % d == 0), reverse=True):
+        if step_ok.reshape(-1, r)[:, 1:].all():
+            return r
+    return 1

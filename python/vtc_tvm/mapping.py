@@ -1,0 +1,351 @@
+"""Mapping algebra: what a virtual tensor is and how virtual tensors compose.
+
+A virtual tensor ``V = (F, P_0..P_n)`` never exists in memory: element ``V[v]`` is
+``P_j[F_j(v)]`` for the first *piece* ``j`` of ``F`` whose condition holds at ``v``. Pieces give
+
+* affine / floordiv / floormod views (transpose, reshape, slice, broadcast, ...): one piece,
+* piecewise views (concat, pad): one piece per input plus a constant piece for padding,
+* indirect views (take, gather): source indices that themselves load an index tensor.
+
+Everything is plain TIR: indices are ``PrimExpr`` over the mapping's index variables, loads of
+other sources inside indices are ``BufferLoad`` of the mapping's placeholder buffers. So the same
+mapping can be inlined into a consumer's loads (:meth:`Mapping.load`), materialised by a copy
+kernel (:meth:`Mapping.to_prim_func`), shown as ``IndexMap`` (:meth:`Mapping.index_maps`) and
+evaluated on numpy arrays (:meth:`Mapping.apply_numpy`) to test it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.ir import Range, TensorLoad
+
+INDEX_DTYPE = "int64"
+
+
+def _i64(x) -> tvm.ir.Expr:
+    if isinstance(x, int):
+        return tirx.IntImm(INDEX_DTYPE, x)
+    if str(x.ty) != INDEX_DTYPE:
+        return tirx.Cast(INDEX_DTYPE, x)
+    return x
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One branch of a mapping: ``V[v] = sources[source][indices(v)]`` where ``cond(v)`` holds.
+
+    ``source is None`` makes a constant piece (``value``), e.g. the padding of ``nn.pad``.
+    ``cond is None`` means "everywhere the earlier pieces do not apply" and ends a mapping.
+    """
+
+    source: Optional[int]
+    indices: tuple = ()
+    cond: Optional[tvm.ir.Expr] = None
+    value: Optional[tvm.ir.Expr] = None
+
+
+def _substitute(expr, vmap):
+    """Replace Vars by expressions (the idiom TVM itself uses for Var substitution)."""
+    return tvm_ffi.structural_map(expr, (tvm.ir.Var, lambda v: vmap.get(v, v)), order="post")
+
+
+class Mapping:
+    """Index map from a virtual tensor of ``shape``/``dtype`` to its physical sources."""
+
+    def __init__(self, shape, dtype, sources: Sequence[tirx.Buffer], index_vars, pieces):
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = str(dtype)
+        self.sources = tuple(sources)
+        self.vars = tuple(index_vars)
+        self.pieces = tuple(pieces)
+        assert self.pieces and self.pieces[-1].cond is None, "the last piece must be unconditional"
+
+    # -- construction --------------------------------------------------------------------------
+    @staticmethod
+    def build(shape, dtype, source_types, body: Callable) -> "Mapping":
+        """``body(v, srcs)`` returns the pieces for index variables ``v`` and source buffers.
+
+        ``source_types`` is a list of ``(shape, dtype)``; a body may return one ``Piece`` or a
+        list. Index arithmetic is int64, as in the PrimFuncs LegalizeOps emits.
+        """
+        index_vars = [tirx.Var(f"v{i}", INDEX_DTYPE) for i in range(len(shape))]
+        srcs = [
+            tirx.decl_buffer([_i64(int(d)) for d in s], str(t), f"src{j}")
+            for j, (s, t) in enumerate(source_types)
+        ]
+        pieces = body(index_vars, srcs)
+        pieces = [pieces] if isinstance(pieces, Piece) else list(pieces)
+        pieces = [
+            Piece(p.source, tuple(_i64(e) for e in p.indices), p.cond, p.value) for p in pieces
+        ]
+        return Mapping(shape, dtype, srcs, index_vars, pieces).simplify()
+
+    @staticmethod
+    def view(shape, dtype, source_shape, fn: Callable) -> "Mapping":
+        """Single-source view: ``V[v] = src[fn(*v)]``."""
+        return Mapping.build(
+            shape, dtype, [(source_shape, dtype)], lambda v, s: Piece(0, tuple(fn(*v)))
+        )
+
+    @staticmethod
+    def identity(shape, dtype) -> "Mapping":
+        return Mapping.view(shape, dtype, shape, lambda *v: v)
+
+    # -- queries -------------------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def source_shape(self, j) -> tuple:
+        return tuple(int(d) for d in self.sources[j].shape)
+
+    @property
+    def is_indirect(self) -> bool:
+        """True when a source index reads another tensor (take, gather)."""
+        found = []
+        for p in self.pieces:
+            for e in p.indices:
+                tvm_ffi.structural_walk(e, (TensorLoad, found.append), order="post")
+        return bool(found)
+
+    @property
+    def is_piecewise(self) -> bool:
+        return len(self.pieces) > 1
+
+    def data_sources(self) -> set:
+        """Sources whose elements become elements of the virtual tensor."""
+        return {p.source for p in self.pieces if p.source is not None}
+
+    def analyzer(self) -> tvm.sym.Analyzer:
+        ana = tvm.sym.Analyzer()
+        for v, n in zip(self.vars, self.shape):
+            ana.bind(v, Range(0, _i64(n)))
+        return ana
+
+    # -- the mapping as TIR --------------------------------------------------------------------
+    def load(self, indices, load_source: Callable) -> tvm.ir.Expr:
+        """The value of ``V[indices]``; ``load_source(j, idx)`` reads physical source ``j``.
+
+        Out-of-range source indices are clamped inside conditional pieces: the condition
+        guards them at run time, the clamp keeps region analysis (and so DLight,
+        MetaSchedule, cache_read) in bounds.
+        """
+        vmap = dict(zip(self.vars, [_i64(i) for i in indices]))
+        subst = lambda e: _rebind_loads(_substitute(e, vmap), self.sources, load_source)
+        result = None
+        for p in reversed(self.pieces):
+            if p.source is None:
+                val = tirx.const(p.value, self.dtype) if not isinstance(p.value, tvm.ir.Expr) else p.value
+            else:
+                idx = [subst(e) for e in p.indices]
+                if p.cond is not None or result is not None:
+                    idx = self._clamped(p, idx, vmap)
+                val = load_source(p.source, idx)
+            result = val if p.cond is None else tirx.if_then_else(subst(p.cond), val, result)
+        return result
+
+    def _clamped(self, piece, idx, vmap):
+        ana = self.analyzer()
+        out = []
+        for e, orig, dim in zip(idx, piece.indices, self.source_shape(piece.source)):
+            b = ana.const_int_bound(orig)
+            if b.min_value >= 0 and b.max_value < dim:
+                out.append(e)
+            else:
+                out.append(tirx.max(tirx.min(e, _i64(dim - 1)), _i64(0)))
+        return out
+
+    def value_expr(self) -> tvm.ir.Expr:
+        """``V[vars]`` as one expression reading the placeholder source buffers."""
+        return self.load(self.vars, lambda j, idx: tirx.BufferLoad(self.sources[j], idx))
+
+    def index_maps(self) -> list:
+        """``[(source, IndexMap, cond)]``: the per-source ``tvm.tirx.IndexMap`` of each piece."""
+        return [
+            (p.source, tirx.IndexMap(list(self.vars), list(p.indices), None), p.cond)
+            for p in self.pieces
+            if p.source is not None
+        ]
+
+    # -- algebra -------------------------------------------------------------------------------
+    def simplify(self) -> "Mapping":
+        ana = self.analyzer()
+        pieces = []
+        for p in self.pieces:
+            cond = None if p.cond is None else ana.simplify(p.cond)
+            if cond is not None and isinstance(cond, tirx.IntImm):
+                if not cond.value:
+                    continue  # never applies
+                cond = None
+            if cond is None:
+                pieces.append(Piece(p.source, tuple(ana.simplify(e) for e in p.indices), None, p.value))
+                break  # later pieces are unreachable
+            with ana.constraint_scope(cond):
+                idx = tuple(ana.simplify(e) for e in p.indices)
+            pieces.append(Piece(p.source, idx, cond, p.value))
+        return Mapping(self.shape, self.dtype, self.sources, self.vars, pieces)
+
+    def compose(self, j: int, inner: "Mapping") -> "Mapping":
+        """Replace source ``j`` (itself virtual, with mapping ``inner``) by inner's sources.
+
+        The result reads ``self``'s other sources followed by ``inner``'s sources:
+        ``(F_self ∘ F_inner)``. Index loads of source ``j`` (an index tensor that is itself
+        virtual) are rewritten through ``inner`` as well.
+        """
+        assert inner.shape == self.source_shape(j), (inner.shape, self.source_shape(j))
+        kept = [k for k in range(len(self.sources)) if k != j]
+        renumber = {k: n for n, k in enumerate(kept)}
+        new_sources = [self.sources[k] for k in kept] + [
+            tirx.decl_buffer(b.shape, b.dtype, f"src{len(kept) + n}") for n, b in enumerate(inner.sources)
+        ]
+        shift = len(kept)
+
+        def load_outer(k, idx):
+            if k == j:
+                return inner.load(idx, lambda m, i2: tirx.BufferLoad(new_sources[shift + m], i2))
+            return tirx.BufferLoad(new_sources[renumber[k]], idx)
+
+        rebind = lambda e: _rebind_loads(e, self.sources, load_outer)
+        pieces = []
+        for p in self.pieces:
+            cond = None if p.cond is None else rebind(p.cond)
+            if p.source != j:
+                src = None if p.source is None else renumber[p.source]
+                pieces.append(Piece(src, tuple(rebind(e) for e in p.indices), cond, p.value))
+                continue
+            outer_idx = [rebind(e) for e in p.indices]
+            vmap = dict(zip(inner.vars, outer_idx))
+            for q in inner.pieces:
+                q_cond = None if q.cond is None else _rebind_loads(
+                    _substitute(q.cond, vmap), inner.sources,
+                    lambda m, i2: tirx.BufferLoad(new_sources[shift + m], i2))
+                both = q_cond if cond is None else (cond if q_cond is None else tirx.all(cond, q_cond))
+                idx = tuple(
+                    _rebind_loads(_substitute(e, vmap), inner.sources,
+                                  lambda m, i2: tirx.BufferLoad(new_sources[shift + m], i2))
+                    for e in q.indices
+                )
+                src = None if q.source is None else shift + q.source
+                pieces.append(Piece(src, idx, both, q.value))
+                if q_cond is None:
+                    break
+            if cond is None:
+                break
+        return Mapping(self.shape, self.dtype, new_sources, self.vars, _close(pieces)).simplify()
+
+    # -- materialisation -----------------------------------------------------------------------
+    def to_prim_func(self, name="vtc_copy") -> tirx.PrimFunc:
+        """A copy kernel ``out[v] = V[v]`` (what stock TVM would run for the movement op)."""
+        from tvm import te
+
+        placeholders = [
+            te.placeholder(b.shape, b.dtype, f"{name}_in{j}") for j, b in enumerate(self.sources)
+        ]
+        out = te.compute(
+            [_i64(s) for s in self.shape],
+            lambda *v: self.load(v, lambda j, idx: placeholders[j](*idx)),
+            name=name,
+        )
+        return te.create_prim_func(placeholders + [out]).without_attr("global_symbol")
+
+    def apply_numpy(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
+        """Evaluate the virtual tensor on numpy sources (the reference for tests)."""
+        grids = np.indices(self.shape, dtype=np.int64) if self.shape else []
+        env = {v: g for v, g in zip(self.vars, grids)}
+        bufs = {b: arrays[j] for j, b in enumerate(self.sources)}
+        out = _eval_np(self.value_expr(), env, bufs)
+        return np.broadcast_to(np.asarray(out, dtype=self.dtype), self.shape).copy()
+
+    def __repr__(self):
+        lines = [f"Mapping{list(self.shape)} {self.dtype} <- " +
+                 ", ".join(f"src{j}{list(self.source_shape(j))}" for j in range(len(self.sources)))]
+        for p in self.pieces:
+            what = f"const {p.value}" if p.source is None else f"src{p.source}[{', '.join(map(str, p.indices))}]"
+            lines.append(f"  {'else' if p.cond is None else 'if ' + str(p.cond)}: {what}")
+        return "\n".join(lines)
+
+
+def _close(pieces):
+    """Drop the pieces after the first unconditional one."""
+    out = []
+    for p in pieces:
+        out.append(p)
+        if p.cond is None:
+            break
+    return out
+
+
+def _rebind_loads(expr, buffers, load_source):
+    """Replace loads of placeholder ``buffers[j]`` by ``load_source(j, indices)``."""
+    index = {b: j for j, b in enumerate(buffers)}
+
+    def on_load(load):
+        j = index.get(load.source)
+        return load if j is None else load_source(j, list(load.indices))
+
+    return tvm_ffi.structural_map(expr, (TensorLoad, on_load), order="post")
+
+
+@dataclass
+class VirtualTensor:
+    """A Relax tensor that is ``mapping`` over physical Relax tensors ``sources``."""
+
+    mapping: Mapping
+    sources: list
+
+    @property
+    def shape(self):
+        return self.mapping.shape
+
+    @property
+    def dtype(self):
+        return self.mapping.dtype
+
+
+# -- numpy evaluation of TIR index expressions (tests, contiguity analysis) ------------------------
+_BINARY = {
+    "Add": np.add, "Sub": np.subtract, "Mul": np.multiply,
+    "FloorDiv": np.floor_divide, "FloorMod": np.mod, "Min": np.minimum, "Max": np.maximum,
+    "EQ": np.equal, "NE": np.not_equal, "LT": np.less, "LE": np.less_equal,
+    "GT": np.greater, "GE": np.greater_equal, "And": np.logical_and, "Or": np.logical_or,
+}
+
+
+def _eval_np(e, env, bufs):
+    kind = type(e).__name__
+    if kind in ("IntImm", "FloatImm"):
+        return np.asarray(e.value)
+    if isinstance(e, tvm.ir.Var) and not tirx.is_buffer_var(e):
+        return env[e]
+    if kind in _BINARY:
+        return _BINARY[kind](_eval_np(e.a, env, bufs), _eval_np(e.b, env, bufs))
+    if kind == "Not":
+        return np.logical_not(_eval_np(e.a, env, bufs))
+    if kind == "Cast":
+        return _eval_np(e.value, env, bufs).astype(str(e.ty))
+    if kind == "Select":
+        return np.where(_eval_np(e.condition, env, bufs), _eval_np(e.true_value, env, bufs),
+                        _eval_np(e.false_value, env, bufs))
+    if isinstance(e, TensorLoad):
+        arr = bufs[e.source]
+        idx = [np.asarray(_eval_np(i, env, bufs)) for i in e.indices]
+        if arr.ndim == 0:
+            return np.broadcast_to(arr, np.broadcast_shapes(*[i.shape for i in idx]) if idx else ())
+        # Out-of-range indices only occur under a false condition of a select: clip them.
+        idx = [np.clip(i, 0, d - 1) for i, d in zip(idx, arr.shape)]
+        return arr[tuple(idx)]
+    if kind == "Call" and e.op.name.endswith("if_then_else"):
+        c, t, f = (_eval_np(a, env, bufs) for a in e.args)
+        return np.where(c, t, f)
+    raise NotImplementedError(f"cannot evaluate {kind}: {e}")

@@ -1,0 +1,92 @@
+"""Measuring what virtual tensors buy: kernel census, planned memory, latency, stock-vs-vtc builds."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import tvm
+from tvm import relax
+from tvm.ir import Op
+
+_KERNEL_CALLS = (Op.get("relax.call_tir"), Op.get("relax.call_tir_inplace"))
+_ALLOC_STORAGE = Op.get("relax.memory.alloc_storage")
+
+
+def _as_target(target) -> tvm.target.Target:
+    return target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+
+
+def _calls(func: relax.Function, ops) -> list[relax.Call]:
+    found = []
+
+    def visit(e):
+        if isinstance(e, relax.Call) and any(e.op.same_as(o) for o in ops):
+            found.append(e)
+
+    relax.analysis.post_order_visit(func, visit)
+    return found
+
+
+def kernel_census(mod: tvm.IRModule, target) -> dict:
+    """Kernels launched by ``main`` after TVM's fusion, how many only move data, and planned memory.
+
+    Returns ``kernels``, ``data_movement`` (kernels whose PrimFunc ``is_data_movement``),
+    ``planned_bytes`` (intermediate storage after static memory planning; outputs excluded) and
+    ``memory_estimate`` (the text of ``relax.analysis.estimate_memory_usage``).
+    """
+    from .analysis import is_data_movement  # lazy: the analysis module is written alongside
+
+    target = _as_target(target)
+    T = relax.transform
+    # The fusion passes of the default pipeline; RewriteDataflowReshape too, because in the stock
+    # pipeline it turns a lone reshape kernel into a zero-copy view, which launches nothing.
+    fused = [T.LegalizeOps(), T.AnnotateTIROpPattern(), T.FoldConstant(), T.FuseOps(), T.FuseTIR()]
+    lower = [T.RewriteDataflowReshape(), T.ToNonDataflow(), T.RemovePurityChecking(), T.CallTIRRewrite()]
+    with target:
+        mod = tvm.transform.Sequential(fused + lower[:1])(mod)
+        kernels = _calls(mod["main"], _KERNEL_CALLS)
+        # Memory planning acts on explicit allocations, which exist only after CallTIRRewrite.
+        planned = tvm.transform.Sequential(lower[1:] + [T.StaticPlanBlockMemory()])(mod)
+    return {
+        "kernels": len(kernels),
+        "data_movement": sum(bool(is_data_movement(mod[c.args[0]])) for c in kernels),
+        "planned_bytes": sum(int(c.args[0].values[0]) for c in _calls(planned["main"], [_ALLOC_STORAGE])),
+        "memory_estimate": relax.analysis.estimate_memory_usage(planned),
+    }
+
+
+def compile_variants(
+    mod: tvm.IRModule, target, transform: Callable[[tvm.IRModule], tvm.IRModule] | None = None
+) -> dict[str, tuple[tvm.IRModule, relax.VMExecutable]]:
+    """Build ``mod`` ("stock") and ``transform(mod)`` ("vtc") with the same default pipeline.
+
+    Returns name -> (module before the pipeline, executable). The default pipeline is passed
+    explicitly because ``tvm.compile``'s own default does no fusion on CPU.
+    """
+    target = _as_target(target)
+    variants = {"stock": mod}
+    if transform is not None:
+        variants["vtc"] = transform(mod)
+    return {
+        name: (m, tvm.compile(m, target=target, relax_pipeline=relax.get_default_pipeline(target)))
+        for name, m in variants.items()
+    }
+
+
+def run_vm(ex, dev, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Run ``main`` once; the (possibly nested tuple) result flattened to numpy arrays."""
+    out = relax.VirtualMachine(ex, dev)["main"](*[tvm.runtime.tensor(a, dev) for a in inputs])
+
+    def flat(o):
+        return [o.numpy()] if isinstance(o, tvm.runtime.Tensor) else [a for x in o for a in flat(x)]
+
+    return flat(out)
+
+
+def time_vm(ex, dev, inputs: Sequence[np.ndarray], repeat: int = 10) -> float:
+    """Median latency of ``main`` in milliseconds over ``repeat`` timed runs (after a warm-up run)."""
+    vm = relax.VirtualMachine(ex, dev)
+    args = [tvm.runtime.tensor(a, dev) for a in inputs]
+    res = vm.time_evaluator("main", dev, number=1, repeat=repeat)(*args)
+    return float(np.median(res.results)) * 1e3

@@ -1,0 +1,173 @@
+"""TensorIR rewriting: make a consumer PrimFunc read a virtual input through its mapping.
+
+``inline_mapping(func, param, mapping)`` replaces parameter ``param`` (the virtual tensor) by
+the mapping's physical sources, rewrites every ``BufferLoad`` of it through the mapping and
+recomputes the block read regions, so the PrimFunc stays well-formed and schedulable. Loop
+normalisation then splits block axes that the mapping divides by a constant (GQA's
+``h // n_rep``) so that the mapped access is affine in the block's iteration variables.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.ir import Range, TensorLoad
+from tvm.s_tir import SBlock
+from tvm.s_tir.analysis import get_sblock_read_write_region
+
+from .mapping import Mapping
+
+MAPPING_ATTR = "vtc.virtual_inputs"
+
+
+class NotRewritable(Exception):
+    """The consumer cannot read this parameter through a mapping; the message says why."""
+
+
+def _blocks(func):
+    found = []
+    tvm_ffi.structural_walk(func.body, (SBlock, found.append), order="post")
+    return found
+
+
+def check_read_only(func: tirx.PrimFunc, param) -> None:
+    """Raise :class:`NotRewritable` unless ``param`` is only read through BufferLoads."""
+    problems = []
+
+    def on_store(store):
+        if store.buffer.same_as(param):
+            problems.append("it is written")
+
+    def on_block(block):
+        if any(m.source.buffer.same_as(param) for m in block.match_buffers):
+            problems.append("it is matched by a sub-buffer")
+
+    tvm_ffi.structural_walk(func.body, [(tirx.BufferStore, on_store), (SBlock, on_block)], order="post")
+    if problems:
+        raise NotRewritable(f"parameter {param.name}: {problems[0]}")
+    loads = []
+    tvm_ffi.structural_walk(
+        func.body, (TensorLoad, lambda l: loads.append(l) if l.source.same_as(param) else None), order="post")
+    if not loads:
+        raise NotRewritable(f"parameter {param.name} is never loaded")
+
+
+def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name: Optional[str] = None):
+    """Return ``func`` with parameter ``param_index`` replaced by the mapping's sources."""
+    param = func.params[param_index]
+    if tuple(int(d) for d in param.shape) != mapping.shape:
+        raise NotRewritable(f"parameter {param.name} has shape {list(param.shape)}, mapping {list(mapping.shape)}")
+    if str(param.dtype) != mapping.dtype:
+        raise NotRewritable(f"parameter {param.name} is {param.dtype}, mapping {mapping.dtype}")
+    check_read_only(func, param)
+    base = name or param.name
+    sources = [tirx.decl_buffer(b.shape, b.dtype, f"{base}_src{j}") for j, b in enumerate(mapping.sources)]
+    ana = _block_analyzer(func)
+
+    def on_load(load):
+        if not load.source.same_as(param):
+            return load
+        dtype = str(load.indices[0].ty) if len(load.indices) else "int64"
+        value = mapping.load(list(load.indices), lambda j, idx: tirx.BufferLoad(
+            sources[j], [_cast(ana.simplify(i), dtype) for i in idx]))
+        return ana.simplify(value)
+
+    body = tvm_ffi.structural_map(func.body, (TensorLoad, on_load), order="post")
+    params = list(func.params[:param_index]) + sources + list(func.params[param_index + 1 :])
+    body = _refresh_regions(body, params)
+    attrs = dict(func.attrs or {})
+    recorded = dict(attrs.get(MAPPING_ATTR, {}))
+    recorded[param.name] = [m for _, m, _ in mapping.index_maps()]
+    new = tirx.PrimFunc(params, body, ret_type=func.ret_type, attrs=func.attrs)
+    new = new.with_attr(MAPPING_ATTR, recorded)
+    if "op_pattern" in attrs:  # the pattern may change (e.g. a gather makes it opaque)
+        new = new.without_attr("op_pattern")
+    return normalize_loops(new), sources
+
+
+def _cast(e, dtype):
+    return e if str(e.ty) == dtype else tirx.Cast(dtype, e)
+
+
+def _block_analyzer(func):
+    ana = tvm.sym.Analyzer()
+    for block in _blocks(func):
+        for iv in block.iter_vars:
+            ana.bind(iv.var, iv.dom)
+    return ana
+
+
+def _refresh_regions(body, params):
+    """Recompute T.reads/T.writes of every non-root block from its body."""
+    buffer_map = {p: p for p in params}
+
+    def on_block(block):
+        if block.name_hint == "root":
+            return block
+        reads, writes = get_sblock_read_write_region(block, buffer_map)
+        return SBlock(block.iter_vars, reads, writes, block.name_hint, block.body, block.init,
+                      block.alloc_buffers, block.match_buffers, block.annotations)
+
+    return tvm_ffi.structural_map(body, (SBlock, on_block), order="post")
+
+
+# -- loop normalisation -------------------------------------------------------------------------
+def normalize_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Split block axes that mapped loads divide by a constant, so every access is affine.
+
+    A load such as ``k[b, h // 4, t, d]`` with ``h`` a data-parallel block axis of extent 32
+    becomes ``k[b, h_o, t, d]`` over axes ``(h_o, h_i)`` of extents (8, 4): the same iteration
+    space, but one DLight and MetaSchedule can tile (the floordiv form crashed DLight's
+    cross-thread reduction lowering on the H200).
+    """
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    changed = False
+    for block in _blocks(func):
+        if block.name_hint == "root":
+            continue
+        factors = _divisors_used(block)
+        if not factors:
+            continue
+        split = _split_exprs(block, factors)
+        if len(split) == len(block.iter_vars):
+            continue
+        # transform_block_layout takes the map old axes -> new axes.
+        index_map = tirx.IndexMap([iv.var for iv in block.iter_vars], split, None)
+        try:
+            sch.transform_block_layout(sch.get_sblock(block.name_hint), index_map)
+            changed = True
+        except Exception:  # noqa: BLE001 - the block stays as it is: correct, maybe slower
+            continue
+    return sch.mod["main"] if changed else func
+
+
+def _split_exprs(block, factors):
+    out = []
+    for iv in block.iter_vars:
+        f = factors.get(iv.var)
+        extent = int(iv.dom.extent)
+        if iv.iter_type == 0 and f and extent % f == 0 and 1 < f < extent:  # data-parallel only
+            out += [tirx.floordiv(iv.var, f), tirx.floormod(iv.var, f)]
+        else:
+            out.append(iv.var)
+    return out
+
+
+def _divisors_used(block):
+    """Block axes ``v`` that loads use as ``v // c`` or ``v % c`` (c constant): {v: c}."""
+    axes = {iv.var for iv in block.iter_vars}
+    found = {}
+
+    def on_div(e):
+        if isinstance(e.a, tvm.ir.Var) and e.a in axes and isinstance(e.b, tirx.IntImm):
+            found.setdefault(e.a, int(e.b.value))
+
+    def on_load(load):
+        for i in load.indices:
+            tvm_ffi.structural_walk(i, [(tirx.FloorDiv, on_div), (tirx.FloorMod, on_div)], order="post")
+
+    tvm_ffi.structural_walk(block.body, (TensorLoad, on_load), order="post")
+    return found

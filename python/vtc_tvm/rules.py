@@ -1,0 +1,353 @@
+"""Per-op rules: the mapping of each Relax data-movement op.
+
+A rule takes a normalized ``relax.Call`` and returns the op's output as a
+:class:`~vtc_tvm.mapping.VirtualTensor` (a list of them for ops with a tuple output such as
+``split``), or raises :class:`Unsupported` with the reason (e.g. a symbolic dimension).
+Rules are keyed by the Relax op name; users add their own::
+
+    @vtc_tvm.register_rule("relax.my_movement_op")
+    def _my_rule(call):
+        x = call.args[0]
+        return VirtualTensor(Mapping.view(out_shape(call), dtype_of(call), shape_of(x),
+                                          lambda i, j: (j, i)), [x])
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict
+
+import tvm
+from tvm import relax, tirx
+
+from .mapping import Mapping, Piece, VirtualTensor, _substitute
+
+_RULES: Dict[str, Callable] = {}
+
+
+class Unsupported(Exception):
+    """A rule cannot express this call as a static mapping; the message says why."""
+
+
+def register_rule(op_name: str, rule: Callable = None, override: bool = False):
+    """Register ``rule(call) -> VirtualTensor | list[VirtualTensor]`` for ``op_name``."""
+
+    def _register(fn):
+        if op_name in _RULES and not override:
+            raise ValueError(f"a rule for {op_name} is already registered (pass override=True)")
+        _RULES[op_name] = fn
+        return fn
+
+    return _register(rule) if rule is not None else _register
+
+
+def get_rule(op_name: str):
+    return _RULES.get(op_name)
+
+
+def registered_ops():
+    return sorted(_RULES)
+
+
+# -- helpers for rules --------------------------------------------------------------------------
+def shape_of(expr) -> tuple:
+    """Static shape of a tensor-typed expression, or :class:`Unsupported`."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        raise Unsupported(f"{expr} has no known shape")
+    dims = []
+    for d in ty.shape.values:
+        if not isinstance(d, tirx.IntImm):
+            raise Unsupported(f"symbolic dimension {d}")
+        dims.append(int(d.value))
+    return tuple(dims)
+
+
+def dtype_of(expr) -> str:
+    return str(expr.ty.dtype)
+
+
+def _ints(tup) -> list:
+    """Integers of a Relax tuple of PrimValues / an attribute array."""
+    out = []
+    for x in getattr(tup, "fields", tup):
+        v = getattr(x, "value", x)
+        if isinstance(v, tvm.ir.Expr) and not isinstance(v, tirx.IntImm):
+            raise Unsupported(f"non-constant slice parameter {v}")
+        out.append(int(getattr(v, "value", v)))
+    return out
+
+
+def _strides(shape):
+    return [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+
+
+def _unravel(flat, shape):
+    return [tirx.floormod(tirx.floordiv(flat, s), d) if i else tirx.floordiv(flat, s)
+            for i, (s, d) in enumerate(zip(_strides(shape), shape))]
+
+
+def _view(call, src, fn) -> VirtualTensor:
+    return VirtualTensor(Mapping.view(shape_of(call), dtype_of(call), shape_of(src), fn), [src])
+
+
+# -- rules --------------------------------------------------------------------------------------
+def _reshape(call):
+    """reshape / flatten / squeeze / expand_dims: same row-major element order."""
+    x = call.args[0]
+    out_shape, in_shape = shape_of(call), shape_of(x)
+
+    def fn(*v):
+        flat = sum((vi * s for vi, s in zip(v, _strides(out_shape))), tirx.IntImm("int64", 0))
+        return _unravel(flat, in_shape)
+
+    return _view(call, x, fn)
+
+
+for _op in ("relax.reshape", "relax.flatten", "relax.squeeze", "relax.expand_dims"):
+    register_rule(_op, _reshape)
+
+
+@register_rule("relax.permute_dims")
+def _permute_dims(call):
+    x = call.args[0]
+    ndim = len(shape_of(x))
+    axes = list(range(ndim))[::-1] if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
+
+    def fn(*v):
+        src = [None] * ndim
+        for out_axis, in_axis in enumerate(axes):
+            src[in_axis] = v[out_axis]
+        return src
+
+    return _view(call, x, fn)
+
+
+def _slice_view(call, x, starts_steps):
+    """``out[v] = x[start_a + v_a * step_a]`` for the axes in ``starts_steps``."""
+    return _view(call, x, lambda *v: [
+        starts_steps[a][0] + vi * starts_steps[a][1] if a in starts_steps else vi
+        for a, vi in enumerate(v)
+    ])
+
+
+@register_rule("relax.strided_slice")
+def _strided_slice(call):
+    x = call.args[0]
+    in_shape = shape_of(x)
+    axes, begin, end = (_ints(call.args[i]) for i in (1, 2, 3))
+    strides = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes)
+    starts_steps = {}
+    for a, b, e, s in zip(axes, begin, end, strides):
+        a %= len(in_shape)
+        # Python's slice semantics are numpy's and TOPI's: negative and out-of-range bounds
+        # (ONNX uses int64 extremes for "to the end") clamp to the axis.
+        start, _, step = slice(b, e, s).indices(in_shape[a])
+        starts_steps[a] = (start, step)
+    return _slice_view(call, x, starts_steps)
+
+
+@register_rule("relax.split")
+def _split(call):
+    x = call.args[0]
+    in_shape = shape_of(x)
+    axis = int(call.attrs.axis) % len(in_shape)
+    parts = call.attrs.indices_or_sections
+    if isinstance(parts, (tirx.IntImm, int)):
+        n = int(parts)
+        size = math.ceil(in_shape[axis] / n)
+        bounds = [min(i * size, in_shape[axis]) for i in range(n)]
+    else:
+        bounds = [0] + _ints(parts)
+    dtype = dtype_of(x)
+    outs = []
+    for k, start in enumerate(bounds):
+        stop = bounds[k + 1] if k + 1 < len(bounds) else in_shape[axis]
+        shape = list(in_shape)
+        shape[axis] = stop - start
+        outs.append(VirtualTensor(Mapping.view(shape, dtype, in_shape, lambda *v, s=start: [
+            vi + s if a == axis else vi for a, vi in enumerate(v)]), [x]))
+    return outs
+
+
+def _tuple_fields(expr):
+    if isinstance(expr, relax.Tuple):
+        return list(expr.fields)
+    raise Unsupported("tuple argument is not a literal tuple")
+
+
+@register_rule("relax.concat")
+def _concat(call):
+    inputs = _tuple_fields(call.args[0])
+    out_shape = shape_of(call)
+    axis = int(call.attrs.axis) % len(out_shape)
+    offsets = [0]
+    for t in inputs:
+        offsets.append(offsets[-1] + shape_of(t)[axis])
+
+    def body(v, srcs):
+        pieces = []
+        for j, (lo, hi) in enumerate(zip(offsets, offsets[1:])):
+            idx = [vi - lo if a == axis else vi for a, vi in enumerate(v)]
+            last = j == len(inputs) - 1
+            pieces.append(Piece(j, idx, None if last else v[axis] < hi))
+        return pieces
+
+    types = [(shape_of(t), dtype_of(t)) for t in inputs]
+    return VirtualTensor(Mapping.build(out_shape, dtype_of(call), types, body), inputs)
+
+
+@register_rule("relax.stack")
+def _stack(call):
+    inputs = _tuple_fields(call.args[0])
+    out_shape = shape_of(call)
+    axis = int(call.attrs.axis) % len(out_shape)
+
+    def body(v, srcs):
+        rest = [vi for a, vi in enumerate(v) if a != axis]
+        return [Piece(j, rest, None if j == len(inputs) - 1 else v[axis] == j)
+                for j in range(len(inputs))]
+
+    types = [(shape_of(t), dtype_of(t)) for t in inputs]
+    return VirtualTensor(Mapping.build(out_shape, dtype_of(call), types, body), inputs)
+
+
+def _broadcast_index(v, in_shape):
+    """Right-aligned numpy broadcasting: size-1 source axes read index 0."""
+    lead = len(v) - len(in_shape)
+    return [tirx.IntImm("int64", 0) if d == 1 else v[lead + a] for a, d in enumerate(in_shape)]
+
+
+@register_rule("relax.broadcast_to")
+def _broadcast_to(call):
+    x = call.args[0]
+    return _view(call, x, lambda *v: _broadcast_index(v, shape_of(x)))
+
+
+@register_rule("relax.tile")
+def _tile(call):
+    x = call.args[0]
+    in_shape = shape_of(x)
+    return _view(call, x, lambda *v: [tirx.floormod(vi, d)
+                                      for vi, d in zip(v[len(v) - len(in_shape):], in_shape)])
+
+
+@register_rule("relax.repeat")
+def _repeat(call):
+    x = call.args[0]
+    reps = int(call.attrs.repeats)
+    if call.attrs.axis is None:  # repeat of the flattened tensor
+        in_shape = shape_of(x)
+        return _view(call, x, lambda v: _unravel(tirx.floordiv(v, reps), in_shape))
+    axis = int(call.attrs.axis) % len(shape_of(x))
+    return _view(call, x, lambda *v: [tirx.floordiv(vi, reps) if a == axis else vi
+                                      for a, vi in enumerate(v)])
+
+
+@register_rule("relax.flip")
+def _flip(call):
+    x = call.args[0]
+    in_shape = shape_of(x)
+    axis = int(call.attrs.axis) % len(in_shape)
+    return _slice_view(call, x, {axis: (in_shape[axis] - 1, -1)})
+
+
+@register_rule("relax.nn.pad")
+def _pad(call):
+    if call.attrs.pad_mode != "constant":
+        raise Unsupported(f"pad mode {call.attrs.pad_mode}")
+    x = call.args[0]
+    in_shape = shape_of(x)
+    before = [int(p) for p in call.attrs.pad_width[0::2]]
+    value = float(call.attrs.pad_value)
+
+    def body(v, srcs):
+        inside = [tirx.all(lo <= vi, vi < lo + d) for vi, lo, d in zip(v, before, in_shape)]
+        return [Piece(0, [vi - lo for vi, lo in zip(v, before)], tirx.all(*inside)),
+                Piece(None, value=tirx.const(value, dtype_of(x)))]
+
+    return VirtualTensor(Mapping.build(shape_of(call), dtype_of(call), [(in_shape, dtype_of(x))], body), [x])
+
+
+@register_rule("relax.layout_transform")
+def _layout_transform(call):
+    """The op's index map is on the store side (out[f(i)] = x[i]); the view needs f^-1."""
+    x = call.args[0]
+    in_shape = shape_of(x)
+    fmap = call.attrs.index_map
+    inverse, padding = fmap.non_surjective_inverse(in_shape)
+    pad = call.attrs.pad_value
+
+    def body(v, srcs):
+        src = inverse.map_indices(v)
+        if isinstance(padding, tirx.IntImm) and not padding.value:
+            return Piece(0, src)
+        cond = _substitute(padding, dict(zip(inverse.initial_indices, v)))
+        value = tirx.const(0, dtype_of(x)) if pad is None else pad.value
+        return [Piece(None, value=tirx.Cast(dtype_of(x), value), cond=cond), Piece(0, src)]
+
+    return VirtualTensor(Mapping.build(shape_of(call), dtype_of(call), [(in_shape, dtype_of(x))], body), [x])
+
+
+def _indirect(call, body):
+    x, idx = call.args[0], call.args[1]
+    types = [(shape_of(x), dtype_of(x)), (shape_of(idx), dtype_of(idx))]
+    return VirtualTensor(Mapping.build(shape_of(call), dtype_of(call), types, body), [x, idx])
+
+
+def _as_index(e):
+    return e if str(e.ty) == "int64" else tirx.Cast("int64", e)
+
+
+@register_rule("relax.take")
+def _take(call):
+    in_shape = shape_of(call.args[0])
+    idx_rank = len(shape_of(call.args[1]))
+    axis = int(call.attrs.axis) % len(in_shape) if call.attrs.axis is not None else None
+    if axis is None:
+        raise Unsupported("take without axis (flattened) is not supported")
+    n, mode = in_shape[axis], call.attrs.mode
+
+    def body(v, srcs):
+        i = _as_index(tirx.BufferLoad(srcs[1], list(v[axis : axis + idx_rank])))
+        if mode == "clip":
+            i = tirx.max(tirx.min(i, n - 1), 0)
+        elif mode == "wrap":
+            i = tirx.floormod(i, n)
+        return Piece(0, list(v[:axis]) + [i] + list(v[axis + idx_rank :]))
+
+    return _indirect(call, body)
+
+
+@register_rule("relax.gather_elements")
+def _gather_elements(call):
+    axis = int(call.attrs.axis) % len(shape_of(call.args[0]))
+
+    def body(v, srcs):
+        i = _as_index(tirx.BufferLoad(srcs[1], list(v)))
+        return Piece(0, [i if a == axis else vi for a, vi in enumerate(v)])
+
+    return _indirect(call, body)
+
+
+@register_rule("relax.gather_nd")
+def _gather_nd(call):
+    b = int(call.attrs.batch_dims)
+    idx_shape = shape_of(call.args[1])
+    k, m = idx_shape[-1], len(idx_shape) - 1 - b  # index depth, index batch rank
+
+    def body(v, srcs):
+        lead = list(v[: b + m])
+        picked = [_as_index(tirx.BufferLoad(srcs[1], lead + [tirx.IntImm("int64", q)])) for q in range(k)]
+        return Piece(0, list(v[:b]) + picked + list(v[b + m :]))
+
+    return _indirect(call, body)
+
+
+@register_rule("relax.nn.pixel_shuffle")
+def _pixel_shuffle(call):
+    """out[n, c, h, w] = x[n, c*r*r + (h%r)*r + w%r, h//r, w//r] (NCHW)."""
+    x = call.args[0]
+    r = int(call.attrs.upscale_factor)
+    fd, fm = tirx.floordiv, tirx.floormod
+    return _view(call, x, lambda n, c, h, w: [n, c * r * r + fm(h, r) * r + fm(w, r), fd(h, r), fd(w, r)])

@@ -1,0 +1,260 @@
+"""The ``VirtualTensorize`` Relax pass.
+
+Pattern: a binding whose value is a data-movement op (a registered rule, or a ``call_tir`` of a
+PrimFunc that is a pure index copy) makes its variable a virtual tensor over physical sources;
+chains compose into one mapping. Rewrite: every consumer that is (or legalizes to) a
+``call_tir`` and that the strategy accepts gets a copy of its PrimFunc that reads the physical
+sources through the mapping. Movement ops left without users disappear
+(``DeadCodeElimination``); the ones still used (function outputs, opaque or external consumers,
+rejected edges) are materialised once, directly from the physical sources.
+
+The result is an ordinary Relax module: ``tvm.compile(mod, target)`` and the default pipelines
+compile it unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Dict, List, Optional, Sequence, Union
+
+import tvm
+from tvm import relax, tirx
+from tvm.ir import Op
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from .analysis import contiguity, index_copy_mapping, op_pattern
+from .mapping import VirtualTensor
+from .rewrite import NotRewritable, inline_mapping
+from .rules import Unsupported, get_rule
+from .strategy import get_strategy
+
+logger = logging.getLogger("vtc_tvm")
+
+CALL_TIR = Op.get("relax.call_tir")
+# Reshape-like ops stay as they are when materialised: stock TVM turns them into free views.
+_VIEW_OPS = {"relax.reshape", "relax.flatten", "relax.squeeze", "relax.expand_dims"}
+# Ops whose stock legalization is missing or broken in TVM 0.27: materialise our copy kernel.
+_OWN_COPY_OPS = {"relax.nn.pixel_shuffle"}
+
+
+@mutator
+class _VirtualTensorizer(PyExprMutator):
+    def __init__(self, mod, strategy, ops, report):
+        super().__init__(mod)
+        self.mod = mod
+        self.strategy = strategy
+        self.ops = ops
+        self.report = report
+        self.virtual: Dict[relax.Var, Union[VirtualTensor, List[VirtualTensor]]] = {}
+        self._contiguity = {}
+
+    # -- driver --------------------------------------------------------------------------------
+    def transform(self) -> tvm.IRModule:
+        for gv, func in self.mod.functions_items():
+            # Primitive functions are FuseOps groups: their bodies belong to FuseTIR.
+            if isinstance(func, relax.Function) and not (func.attrs and func.attrs.get("Primitive")):
+                self.virtual = {}
+                self.builder_.update_func(gv, self.visit_expr(func))
+        return self.builder_.get()
+
+    def _log(self, var, consumer, take, reason):
+        entry = {"tensor": var.name, "consumer": consumer, "virtual": take, "reason": reason}
+        self.report.append(entry)
+        logger.info("%s -> %s: %s (%s)", var.name, consumer, "virtual" if take else "physical", reason)
+
+    # -- pattern: which bindings are movement ops ---------------------------------------------
+    def _movement(self, var, value) -> Optional[Union[VirtualTensor, List[VirtualTensor]]]:
+        if isinstance(value, relax.TupleGetItem) and isinstance(value.tuple_value, relax.Var):
+            parts = self.virtual.get(value.tuple_value)
+            return parts[value.index] if isinstance(parts, list) else None
+        if not isinstance(value, relax.Call) or not isinstance(value.op, Op):
+            return None
+        if value.op.same_as(CALL_TIR):
+            func = self.mod[value.args[0]] if value.args[0] in self.mod.get_global_vars() else None
+            mapping = index_copy_mapping(func) if func is not None else None
+            if mapping is None or not isinstance(value.args[1], relax.Tuple):
+                return None
+            return VirtualTensor(mapping, list(value.args[1].fields))
+        name = value.op.name
+        rule = get_rule(name)
+        if rule is None or (self.ops is not None and name not in self.ops):
+            return None
+        try:
+            return rule(self._with_literal_tuples(value))
+        except Unsupported as err:
+            self._log(var, name, False, f"{name} left as is: {err}")
+            return None
+
+    def _with_literal_tuples(self, call):
+        """Arguments bound to tuple literals (e.g. concat's input) as the literal itself."""
+        args, changed = [], False
+        for a in call.args:
+            bound = self.lookup_binding(a) if isinstance(a, relax.Var) else None
+            changed |= isinstance(bound, relax.Tuple)
+            args.append(bound if isinstance(bound, relax.Tuple) else a)
+        if not changed:
+            return call
+        return self.builder_.normalize(relax.Call(call.op, args, call.attrs, call.ty_args))
+
+    def _compose(self, vt: VirtualTensor) -> VirtualTensor:
+        """Express ``vt`` over physical tensors: compose through virtual sources."""
+        mapping, sources = vt.mapping, list(vt.sources)
+        j = 0
+        while j < len(sources):
+            inner = self.virtual.get(sources[j]) if isinstance(sources[j], relax.Var) else None
+            if isinstance(inner, VirtualTensor):
+                mapping = mapping.compose(j, inner.mapping)
+                sources = sources[:j] + sources[j + 1 :] + list(inner.sources)
+            else:
+                j += 1
+        return VirtualTensor(mapping, sources)
+
+    # -- rewrite -------------------------------------------------------------------------------
+    def visit_var_binding_(self, binding):
+        value = binding.value
+        vt = self._movement(binding.var, value)
+        if vt is not None:
+            if isinstance(vt, list):
+                self.virtual[binding.var] = [self._compose(v) for v in vt]
+            else:
+                composed = self._compose(vt)
+                self.virtual[binding.var] = composed
+                if self._materialise_directly(value, vt, composed):
+                    self._emit_copy(binding, composed)
+                    return
+            super().visit_var_binding_(binding)
+            return
+        if isinstance(value, relax.Call):
+            new_value = self._rewrite_consumer(binding.var, value)
+            if new_value is not None:
+                self._emit_same_var(binding, new_value)
+                return
+        super().visit_var_binding_(binding)
+
+    def _materialise_directly(self, value, vt, composed) -> bool:
+        """If this movement op stays, should it copy from the physical sources in one kernel?"""
+        if not isinstance(value, relax.Call) or value.op.same_as(CALL_TIR):
+            return len(composed.sources) != len(vt.sources) or any(
+                not a.same_as(b) for a, b in zip(composed.sources, vt.sources))
+        if value.op.name in _OWN_COPY_OPS:
+            return True
+        if value.op.name in _VIEW_OPS:
+            return False
+        return any(not a.same_as(b) for a, b in zip(composed.sources, vt.sources)) or \
+            len(composed.sources) != len(vt.sources)
+
+    def _emit_copy(self, binding, vt: VirtualTensor):
+        gv = self.builder_.add_func(vt.mapping.to_prim_func("vtc_copy"), "vtc_copy")
+        call = relax.call_tir(gv, [self.visit_expr(s) for s in vt.sources], out_ty=binding.var.ty)
+        self._emit_same_var(binding, call)
+
+    def _emit_same_var(self, binding, new_value):
+        new_value = self.builder_.normalize(new_value)
+        self.builder_.emit_normalized(relax.VarBinding(binding.var, new_value))
+
+    def _consumer_prim_func(self, call):
+        """(PrimFunc, kernel name, tensor args) that computes ``call``, or None."""
+        if call.op.same_as(CALL_TIR):
+            gv, args = call.args[0], call.args[1]
+            # A third argument passes symbolic shape values: dynamic shapes stay as they are.
+            if len(call.args) > 2 or not isinstance(args, relax.Tuple) \
+                    or gv not in self.mod.get_global_vars():
+                return None
+            func = self.mod[gv]
+            return (func, gv.name_hint, list(args.fields)) if isinstance(func, tirx.PrimFunc) else None
+        legalize = call.op.get_attr("FLegalize") if isinstance(call.op, Op) else None
+        if legalize is None:
+            return None
+        try:
+            legal = self.builder_.normalize(legalize(self.builder_, call))
+        except Exception as err:  # noqa: BLE001 - a consumer we cannot lower stays as it is
+            logger.info("cannot legalize %s: %s", call.op.name, err)
+            return None
+        if not (isinstance(legal, relax.Call) and legal.op.same_as(CALL_TIR)) or len(legal.args) > 2:
+            return None
+        gv = legal.args[0]
+        func = self.builder_.get()[gv]
+        args = list(legal.args[1].fields)
+        # The legalized call must read exactly the original tensors, in order.
+        tensors = [a for a in call.args if isinstance(a.ty, relax.TensorType)]
+        if len(args) != len(tensors) or any(not a.same_as(t) for a, t in zip(args, tensors)):
+            return None
+        return func, call.op.name.split(".")[-1], args
+
+    def _rewrite_consumer(self, var, call):
+        virtual_args = [a for a in _tensor_args(call) if isinstance(self.virtual.get(a), VirtualTensor)]
+        if not virtual_args:
+            return None
+        found = self._consumer_prim_func(call)
+        if found is None:
+            consumer = call.op.name if isinstance(call.op, Op) else str(call.op)
+            for a in virtual_args:
+                self._log(a, consumer, False, "consumer is not a rewritable call_tir")
+            return None
+        func, name, args = found
+        pattern = op_pattern(func)
+        new_args: List[relax.Expr] = []
+        changed = False
+        for arg in args:
+            vt = self.virtual.get(arg) if isinstance(arg, relax.Var) else None
+            if not isinstance(vt, VirtualTensor):
+                new_args.append(arg)
+                continue
+            decision = self.strategy(vt.mapping, self._contiguity_of(vt), pattern)
+            if decision.take:
+                try:
+                    func, _ = inline_mapping(func, len(new_args), vt.mapping, name=arg.name)
+                except NotRewritable as err:
+                    decision = type(decision)(False, str(err))
+            self._log(arg, name, decision.take, decision.reason)
+            if decision.take:
+                new_args.extend(vt.sources)
+                changed = True
+            else:
+                new_args.append(arg)
+        if not changed:
+            return None
+        gv = self.builder_.add_func(func, f"{name}_vtc")
+        return relax.call_tir(gv, [self.visit_expr(a) for a in new_args], out_ty=var.ty)
+
+    def _contiguity_of(self, vt):
+        key = id(vt)
+        if key not in self._contiguity:
+            self._contiguity[key] = contiguity(vt.mapping)
+        return self._contiguity[key]
+
+
+def _tensor_args(call):
+    args = call.args[1].fields if call.op.same_as(CALL_TIR) and isinstance(call.args[1], relax.Tuple) \
+        else call.args
+    return [a for a in args if isinstance(a, relax.Var)]
+
+
+def VirtualTensorize(
+    strategy: Union[str, Callable] = "contiguity",
+    ops: Optional[Sequence[str]] = None,
+    report: Optional[list] = None,
+) -> tvm.transform.Pass:
+    """Eliminate data-movement ops by making their outputs virtual tensors.
+
+    Parameters
+    ----------
+    strategy : "contiguity" (default), "all", or a callable
+        Which (virtual tensor, consumer) edges to take; see :mod:`vtc_tvm.strategy`.
+    ops : list of Relax op names, optional
+        Restrict the registered rules to these ops (copy kernels recognised in ``call_tir``
+        form are always considered).
+    report : list, optional
+        Receives one dict per decision (``tensor``, ``consumer``, ``virtual``, ``reason``);
+        the same decisions are logged at INFO level on the ``vtc_tvm`` logger.
+    """
+    choose = get_strategy(strategy)
+    allowed = None if ops is None else set(ops)
+
+    @tvm.transform.module_pass(opt_level=0, name="VirtualTensorize")
+    def _virtual_tensorize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        decisions = report if report is not None else []
+        mod = _VirtualTensorizer(mod, choose, allowed, decisions).transform()
+        return relax.transform.DeadCodeElimination()(mod)
+
+    return _virtual_tensorize
