@@ -20,7 +20,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir import TensorLoad
 
-from .mapping import Mapping, Piece, _eval_np
+from .mapping import Mapping, Piece, _eval_np, new_buffer
 
 # TVM's OpPatternKind (include/tvm/relax/op_attr_types.h)
 ELEMWISE, BROADCAST, INJECTIVE, COMM_REDUCE, OUT_EWISE_FUSABLE, OPAQUE = 0, 1, 2, 3, 4, 8
@@ -67,7 +67,7 @@ def index_copy_mapping(func: tirx.PrimFunc) -> Optional[Mapping]:
         return None
     if not any(p.source is not None for p in pieces):
         return None
-    sources = [tirx.decl_buffer(p.shape, p.dtype, f"src{j}") for j, p in enumerate(inputs)]
+    sources = [new_buffer(p.shape, p.dtype, f"src{j}") for j, p in enumerate(inputs)]
     vmap = {iv.var: v for iv, v in zip(block.iter_vars, _new_vars(len(shape)))}
     rename = lambda e: _rename(e, vmap, inputs, sources)
     pieces = [
@@ -116,8 +116,29 @@ def _pieces(value, inputs):
 
 
 def is_data_movement(func) -> bool:
-    """True if ``func`` only moves data (a pure index copy)."""
-    return index_copy_mapping(func) is not None
+    """True if every block of ``func`` only moves data (e.g. a fused reshape-transpose chain)."""
+    if index_copy_mapping(func) is not None:
+        return True
+    blocks = _non_root_blocks(func) if isinstance(func, tirx.PrimFunc) else []
+
+    def pure_copy(block):
+        if block.init is not None or not isinstance(block.body, tirx.BufferStore):
+            return False
+        if any(iv.iter_type != 0 for iv in block.iter_vars):
+            return False
+        try:
+            _pieces(block.body.value, _loaded_buffers(block.body.value))
+        except _NotACopy:
+            return False
+        return True
+
+    return bool(blocks) and all(pure_copy(b) for b in blocks)
+
+
+def _loaded_buffers(expr):
+    found = []
+    tvm_ffi.structural_walk(expr, (TensorLoad, lambda l: found.append(l.source)), order="post")
+    return found
 
 
 def op_pattern(func: tirx.PrimFunc) -> int:

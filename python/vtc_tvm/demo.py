@@ -12,17 +12,15 @@ import numpy as np
 import tvm
 
 from . import VirtualTensorize
+from .pipeline import cuda_target
 from .models import BUILTIN_MODELS, build_model, random_inputs
 from .report import compile_variants, kernel_census, run_vm, time_vm
-
-CUDA_TAG = "nvidia/nvidia-h100"  # sm_90a; the closest tag to an H200
-
 
 def pick_target(name: str) -> tuple[tvm.target.Target, tvm.runtime.Device]:
     if name == "auto":
         name = "cuda" if tvm.cuda(0).exist else "llvm"
     if name == "cuda":
-        return tvm.target.Target(CUDA_TAG), tvm.cuda(0)
+        return cuda_target(), tvm.cuda(0)
     return tvm.target.Target("llvm"), tvm.cpu(0)
 
 
@@ -58,7 +56,7 @@ def main(argv=None) -> int:
     inputs = random_inputs(mod, args.seed)
     print(f"{args.model} ({args.size}, {dtype}) on {target.kind.name}")
 
-    variants = compile_variants(mod, target, VirtualTensorize())
+    variants = compile_variants(mod, target, VirtualTensorize(target=target))
     rows, outputs = {}, {}
     for name, (m, ex) in variants.items():
         census = kernel_census(m, target)

@@ -37,6 +37,12 @@ def _i64(x) -> tvm.ir.Expr:
     return x
 
 
+def new_buffer(shape, dtype, name) -> tirx.Buffer:
+    """A buffer like the ones LegalizeOps and TE create (no TileLayout): FuseTIR compares the
+    buffer types of a tensor's producer and consumers structurally."""
+    return tirx.decl_buffer([_i64(int(d)) for d in shape], str(dtype), name, layout=None)
+
+
 @dataclass(frozen=True)
 class Piece:
     """One branch of a mapping: ``V[v] = sources[source][indices(v)]`` where ``cond(v)`` holds.
@@ -77,7 +83,7 @@ class Mapping:
         """
         index_vars = [tirx.Var(f"v{i}", INDEX_DTYPE) for i in range(len(shape))]
         srcs = [
-            tirx.decl_buffer([_i64(int(d)) for d in s], str(t), f"src{j}")
+            new_buffer(s, t, f"src{j}")
             for j, (s, t) in enumerate(source_types)
         ]
         pieces = body(index_vars, srcs)
@@ -207,7 +213,7 @@ class Mapping:
         kept = [k for k in range(len(self.sources)) if k != j]
         renumber = {k: n for n, k in enumerate(kept)}
         new_sources = [self.sources[k] for k in kept] + [
-            tirx.decl_buffer(b.shape, b.dtype, f"src{len(kept) + n}") for n, b in enumerate(inner.sources)
+            new_buffer(b.shape, b.dtype, f"src{len(kept) + n}") for n, b in enumerate(inner.sources)
         ]
         shift = len(kept)
 

@@ -18,7 +18,7 @@ from tvm.ir import Range, TensorLoad
 from tvm.s_tir import SBlock
 from tvm.s_tir.analysis import get_sblock_read_write_region
 
-from .mapping import Mapping
+from .mapping import Mapping, new_buffer
 
 MAPPING_ATTR = "vtc.virtual_inputs"
 
@@ -64,7 +64,7 @@ def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name
         raise NotRewritable(f"parameter {param.name} is {param.dtype}, mapping {mapping.dtype}")
     check_read_only(func, param)
     base = name or param.name
-    sources = [tirx.decl_buffer(b.shape, b.dtype, f"{base}_src{j}") for j, b in enumerate(mapping.sources)]
+    sources = [new_buffer(b.shape, b.dtype, f"{base}_src{j}") for j, b in enumerate(mapping.sources)]
     ana = _block_analyzer(func)
 
     def on_load(load):
@@ -101,17 +101,54 @@ def _block_analyzer(func):
 
 
 def _refresh_regions(body, params):
-    """Recompute T.reads/T.writes of every non-root block from its body."""
+    """Recompute T.reads/T.writes of the non-root blocks that read ``params``'s buffers."""
     buffer_map = {p: p for p in params}
+    for block in _blocks_of(body):
+        buffer_map.update({b: b for b in block.alloc_buffers})
+    param_set = set(params)
 
     def on_block(block):
-        if block.name_hint == "root":
+        if block.name_hint == "root" or not _reads_any(block, param_set):
             return block
         reads, writes = get_sblock_read_write_region(block, buffer_map)
         return SBlock(block.iter_vars, reads, writes, block.name_hint, block.body, block.init,
                       block.alloc_buffers, block.match_buffers, block.annotations)
 
     return tvm_ffi.structural_map(body, (SBlock, on_block), order="post")
+
+
+def _blocks_of(stmt):
+    found = []
+    tvm_ffi.structural_walk(stmt, (SBlock, found.append), order="post")
+    return found
+
+
+def _reads_any(block, buffers):
+    hit = []
+    tvm_ffi.structural_walk(block.body, (TensorLoad, lambda l: hit.append(l) if l.source in buffers else None),
+                            order="post")
+    return bool(hit)
+
+
+def _simplify_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """Simplify load/store indices of each block under its iteration domain."""
+
+    def on_block(block):
+        ana = tvm.sym.Analyzer()
+        for iv in block.iter_vars:
+            ana.bind(iv.var, iv.dom)
+        simp = lambda idx: [ana.simplify(i) for i in idx]
+        on_load = lambda l: tirx.BufferLoad(l.source, simp(l.indices))
+        on_store = lambda st: tirx.BufferStore(st.buffer, st.value, simp(st.indices))
+        rules = [(tirx.BufferStore, on_store), (TensorLoad, on_load)]
+        body = tvm_ffi.structural_map(block.body, rules, order="post")
+        init = None if block.init is None else tvm_ffi.structural_map(block.init, rules, order="post")
+        return SBlock(block.iter_vars, block.reads, block.writes, block.name_hint, body, init,
+                      block.alloc_buffers, block.match_buffers, block.annotations)
+
+    body = tvm_ffi.structural_map(func.body, (SBlock, on_block), order="post")
+    body = _refresh_regions(body, list(func.params))
+    return tirx.PrimFunc(func.params, body, ret_type=func.ret_type, attrs=func.attrs)
 
 
 # -- loop normalisation -------------------------------------------------------------------------
@@ -126,7 +163,9 @@ def normalize_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     changed = False
     for block in _blocks(func):
-        if block.name_hint == "root":
+        # Only reductions: DLight's GEMV/Matmul/Reduction rules analyse their iteration space,
+        # while injective blocks read floordiv indices fine (every stock reshape does).
+        if block.name_hint == "root" or all(iv.iter_type == 0 for iv in block.iter_vars):
             continue
         factors = _divisors_used(block)
         if not factors:
@@ -141,7 +180,7 @@ def normalize_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
             changed = True
         except Exception:  # noqa: BLE001 - the block stays as it is: correct, maybe slower
             continue
-    return sch.mod["main"] if changed else func
+    return _simplify_indices(sch.mod["main"]) if changed else func
 
 
 def _split_exprs(block, factors):

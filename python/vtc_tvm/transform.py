@@ -39,8 +39,9 @@ _OWN_COPY_OPS = {"relax.nn.pixel_shuffle"}
 
 @mutator
 class _VirtualTensorizer(PyExprMutator):
-    def __init__(self, mod, strategy, ops, report):
+    def __init__(self, mod, strategy, ops, report, target):
         super().__init__(mod)
+        self.target = target
         self.mod = mod
         self.strategy = strategy
         self.ops = ops
@@ -203,7 +204,9 @@ class _VirtualTensorizer(PyExprMutator):
             decision = self.strategy(vt.mapping, self._contiguity_of(vt), pattern)
             if decision.take:
                 try:
-                    func, _ = inline_mapping(func, len(new_args), vt.mapping, name=arg.name)
+                    rewritten, _ = inline_mapping(func, len(new_args), vt.mapping, name=arg.name)
+                    _check_schedulable(rewritten, self.target)
+                    func = rewritten
                 except NotRewritable as err:
                     decision = type(decision)(False, str(err))
             self._log(arg, name, decision.take, decision.reason)
@@ -224,6 +227,23 @@ class _VirtualTensorizer(PyExprMutator):
         return self._contiguity[key]
 
 
+def _check_schedulable(func: tirx.PrimFunc, target) -> None:
+    """On a GPU target, the rewritten consumer must still schedule with DLight's default rules
+    (the ones the stock CUDA pipeline applies); some rules reject mapped access patterns."""
+    if target is None or "gpu" not in target.keys:
+        return
+    from tvm.s_tir import dlight as dl
+
+    rules = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                                    dl.gpu.GeneralReduction(), dl.gpu.Fallback())
+    try:
+        with target:
+            rules(tvm.IRModule({"main": func}))
+    except Exception as err:  # noqa: BLE001 - any scheduling failure means: keep the copy
+        lines = [ln for ln in str(err).splitlines() if ln.strip()]
+        raise NotRewritable(f"DLight cannot schedule the rewritten consumer: {lines[-1][:200] if lines else err}")
+
+
 def _tensor_args(call):
     args = call.args[1].fields if call.op.same_as(CALL_TIR) and isinstance(call.args[1], relax.Tuple) \
         else call.args
@@ -234,6 +254,7 @@ def VirtualTensorize(
     strategy: Union[str, Callable] = "contiguity",
     ops: Optional[Sequence[str]] = None,
     report: Optional[list] = None,
+    target: Optional[Union[str, dict, tvm.target.Target]] = None,
 ) -> tvm.transform.Pass:
     """Eliminate data-movement ops by making their outputs virtual tensors.
 
@@ -247,6 +268,10 @@ def VirtualTensorize(
     report : list, optional
         Receives one dict per decision (``tensor``, ``consumer``, ``virtual``, ``reason``);
         the same decisions are logged at INFO level on the ``vtc_tvm`` logger.
+    target : Target, optional
+        The compilation target. For GPU targets every rewritten consumer is checked to still
+        schedule with DLight's default rules; an edge that would not stays physical.
+        Defaults to ``Target.current()``.
     """
     choose = get_strategy(strategy)
     allowed = None if ops is None else set(ops)
@@ -254,7 +279,8 @@ def VirtualTensorize(
     @tvm.transform.module_pass(opt_level=0, name="VirtualTensorize")
     def _virtual_tensorize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         decisions = report if report is not None else []
-        mod = _VirtualTensorizer(mod, choose, allowed, decisions).transform()
+        tgt = tvm.target.Target(target) if target is not None else tvm.target.Target.current(allow_none=True)
+        mod = _VirtualTensorizer(mod, choose, allowed, decisions, tgt).transform()
         return relax.transform.DeadCodeElimination()(mod)
 
     return _virtual_tensorize
