@@ -305,8 +305,7 @@ def main(argv=None):
     if not args.dry and not tvm.cuda(0).exist:
         sys.exit("no CUDA GPU found: use --dry to compile only")
     rows = run(cases, target, args.tuner, args.dry)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    result = {"commit": commit or os.environ.get("VTC_COMMIT", "unknown"),
+    result = {"commit": _commit(),
               "date": time.strftime("%Y-%m-%d"),
               "device": _device_name(args.dry), "tvm": tvm.__version__, "rows": rows}
     os.makedirs(args.out, exist_ok=True)
@@ -316,6 +315,17 @@ def main(argv=None):
         f.write(markdown(rows) + "\n")
     print(markdown(rows))
     return 0 if all("error" not in r for r in rows) else 1
+
+
+def _commit() -> str:
+    """The git commit; on the device machine (a copy without .git) pass VTC_COMMIT."""
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        if out.returncode == 0:
+            return out.stdout.strip()
+    except OSError:
+        pass
+    return os.environ.get("VTC_COMMIT", "unknown")
 
 
 def _device_name(dry):

@@ -8,7 +8,7 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, wildcard
 
-from vtc_tvm import demo
+from vtc_tvm import demo, pipeline
 
 
 def _demo(*args):
@@ -33,11 +33,17 @@ def test_demo_rejects_bad_arguments():
 
 
 def test_demo_reports_mismatch(monkeypatch, capsys):
-    # A "transform" that drops the ReLUs changes the numbers: exit code 1 and a clear message.
-    def drop_relu(mod):
-        main = relax.dpl.rewrite_call(is_op("relax.nn.relu")(wildcard()), lambda e, _: e.args[0], mod["main"])
-        return tvm.IRModule({"main": main})  # a new module: the stock one must stay intact
+    # A "vtc" pipeline that drops the ReLUs changes the numbers: exit code 1 and a clear message.
+    real_pipeline = pipeline.vtc_pipeline
 
-    monkeypatch.setattr(demo, "VirtualTensorize", lambda: drop_relu)
+    @tvm.transform.module_pass(opt_level=0, name="DropReLU")
+    def drop_relu(mod, _ctx):
+        main = relax.dpl.rewrite_call(is_op("relax.nn.relu")(wildcard()), lambda e, _: e.args[0], mod["main"])
+        functions = dict(mod.functions_items())
+        functions[mod.get_global_var("main")] = main
+        return tvm.IRModule(functions)  # a new module: the stock one must stay intact
+
+    monkeypatch.setattr(pipeline, "vtc_pipeline",
+                        lambda target, **kw: tvm.transform.Sequential([drop_relu, real_pipeline(target, **kw)]))
     assert demo.main(["--model", "shufflenet", "--target", "llvm", "--repeat", "1"]) == 1
     assert "MISMATCH" in capsys.readouterr().err

@@ -11,10 +11,9 @@ import sys
 import numpy as np
 import tvm
 
-from . import VirtualTensorize
 from .pipeline import cuda_target
 from .models import BUILTIN_MODELS, build_model, random_inputs
-from .report import compile_variants, kernel_census, run_vm, time_vm
+from .report import compile_variants, run_vm, time_vm
 
 def pick_target(name: str) -> tuple[tvm.target.Target, tvm.runtime.Device]:
     if name == "auto":
@@ -56,10 +55,9 @@ def main(argv=None) -> int:
     inputs = random_inputs(mod, args.seed)
     print(f"{args.model} ({args.size}, {dtype}) on {target.kind.name}")
 
-    variants = compile_variants(mod, target, VirtualTensorize(target=target))
+    variants = compile_variants(mod, target)
     rows, outputs = {}, {}
-    for name, (m, ex) in variants.items():
-        census = kernel_census(m, target)
+    for name, (census, ex) in variants.items():
         outputs[name] = run_vm(ex, dev, inputs)
         rows[name] = (census["kernels"], census["data_movement"], census["planned_bytes"] / 2**20,
                       time_vm(ex, dev, inputs, args.repeat))

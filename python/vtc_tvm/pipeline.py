@@ -1,4 +1,9 @@
-"""The ``"vtc"`` Relax pipeline: VirtualTensorize followed by the stock pipeline."""
+"""The ``"vtc"`` Relax pipeline: TVM's default pipeline for a target with virtual tensors.
+
+Load side (:func:`VirtualTensorize`) runs first, on high-level ops; store side
+(:func:`VirtualTensorizeStores`) runs right after ``FuseTIR``, where producers are final kernels.
+Everything else is the stock pipeline of the target's backend, pass for pass.
+"""
 
 import tvm
 from tvm import relax
@@ -6,21 +11,52 @@ from tvm import relax
 PIPELINE_NAME = "vtc"
 
 
-def vtc_pipeline(target=None, **options) -> tvm.transform.Pass:
-    """VirtualTensorize, then TVM's default pipeline for ``target``.
+def _backend(target: tvm.target.Target):
+    from tvm.relax import backend
 
-    ``options`` go to :func:`vtc_tvm.VirtualTensorize` (``strategy``, ``ops``, ...). Without a
-    target the stock target-independent build pipeline follows (no fusion, as ``"default"``).
+    if target.kind.name == "cuda":
+        return backend.cuda.pipeline
+    if target.kind.name == "llvm":
+        return backend.cpu_generic.pipeline
+    return backend.gpu_generic.pipeline
+
+
+def fusion_passes(target: tvm.target.Target, stores: bool = True) -> list:
+    """The backend's legalize/fuse/schedule passes, with the store side after ``FuseTIR``."""
+    from .stores import VirtualTensorizeStores
+
+    passes = list(_backend(target).legalize_passes(target))
+    if stores:
+        at = next(i for i, p in enumerate(passes) if p.info.name == "FuseTIR") + 1
+        passes.insert(at, VirtualTensorizeStores(target))
+    return passes
+
+
+def vtc_pipeline(target=None, stores: bool = True, **options) -> tvm.transform.Pass:
+    """VirtualTensorize, then TVM's default pipeline for ``target`` (with the store side).
+
+    ``options`` go to :func:`vtc_tvm.VirtualTensorize` (``strategy``, ``ops``, ``report``).
+    Without a target the stock target-independent build pipeline follows (no fusion, as TVM's
+    own ``"default"``), and there is no store side.
     """
     from .transform import VirtualTensorize
 
     if target is None:
-        stock = relax.pipeline.default_build_pipeline()
-    else:
-        target = tvm.target.Target(target)
-        stock = relax.get_default_pipeline(target)
-        options.setdefault("target", target)
-    return tvm.transform.Sequential([VirtualTensorize(**options), stock], name="vtc_pipeline")
+        return tvm.transform.Sequential(
+            [VirtualTensorize(**options), relax.pipeline.default_build_pipeline()], name="vtc_pipeline")
+    target = tvm.target.Target(target)
+    options.setdefault("target", target)
+    backend = _backend(target)
+    passes = ([VirtualTensorize(**options)] + list(backend.library_dispatch_passes(target))
+              + fusion_passes(target, stores) + list(backend.dataflow_lower_passes(target))
+              + list(backend.finalize_passes(target)))
+
+    @tvm.transform.module_pass(opt_level=0, name="vtc_pipeline")
+    def _pipeline(mod, _ctx):
+        with target:
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _pipeline
 
 
 def register():

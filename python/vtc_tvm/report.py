@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import tvm
@@ -28,12 +28,13 @@ def _calls(func: relax.Function, ops) -> list[relax.Call]:
     return found
 
 
-def kernel_census(mod: tvm.IRModule, target) -> dict:
+def kernel_census(mod: tvm.IRModule, target, stores: bool = False) -> dict:
     """Kernels launched by ``main`` after TVM's fusion, how many only move data, and planned memory.
 
     Returns ``kernels``, ``data_movement`` (kernels whose PrimFunc ``is_data_movement``),
     ``planned_bytes`` (intermediate storage after static memory planning; outputs excluded) and
-    ``memory_estimate`` (the text of ``relax.analysis.estimate_memory_usage``).
+    ``memory_estimate`` (the text of ``relax.analysis.estimate_memory_usage``). ``stores`` adds
+    the store side after ``FuseTIR``, as the ``"vtc"`` pipeline does.
     """
     from .analysis import is_data_movement  # lazy: the analysis module is written alongside
 
@@ -42,6 +43,10 @@ def kernel_census(mod: tvm.IRModule, target) -> dict:
     # The fusion passes of the default pipeline; RewriteDataflowReshape too, because in the stock
     # pipeline it turns a lone reshape kernel into a zero-copy view, which launches nothing.
     fused = [T.LegalizeOps(), T.AnnotateTIROpPattern(), T.FoldConstant(), T.FuseOps(), T.FuseTIR()]
+    if stores:
+        from .stores import VirtualTensorizeStores
+
+        fused.append(VirtualTensorizeStores(target))
     lower = [T.RewriteDataflowReshape(), T.ToNonDataflow(), T.RemovePurityChecking(), T.CallTIRRewrite()]
     with target:
         mod = tvm.transform.Sequential(fused + lower[:1])(mod)
@@ -56,21 +61,22 @@ def kernel_census(mod: tvm.IRModule, target) -> dict:
     }
 
 
-def compile_variants(
-    mod: tvm.IRModule, target, transform: Callable[[tvm.IRModule], tvm.IRModule] | None = None
-) -> dict[str, tuple[tvm.IRModule, relax.VMExecutable]]:
-    """Build ``mod`` ("stock") and ``transform(mod)`` ("vtc") with the same default pipeline.
+def compile_variants(mod: tvm.IRModule, target, **options) -> dict:
+    """Build ``mod`` with TVM's default pipeline ("stock") and with the ``"vtc"`` pipeline.
 
-    Returns name -> (module before the pipeline, executable). The default pipeline is passed
-    explicitly because ``tvm.compile``'s own default does no fusion on CPU.
+    Returns name -> (census, executable); ``options`` go to VirtualTensorize. The default
+    pipeline is passed explicitly because ``tvm.compile``'s own default does no fusion on CPU.
     """
+    from .pipeline import vtc_pipeline
+    from .transform import VirtualTensorize
+
     target = _as_target(target)
-    variants = {"stock": mod}
-    if transform is not None:
-        variants["vtc"] = transform(mod)
+    vtc_mod = VirtualTensorize(target=target, **options)(mod)
     return {
-        name: (m, tvm.compile(m, target=target, relax_pipeline=relax.get_default_pipeline(target)))
-        for name, m in variants.items()
+        "stock": (kernel_census(mod, target),
+                  tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))),
+        "vtc": (kernel_census(vtc_mod, target, stores=True),
+                tvm.compile(mod, target=target, relax_pipeline=vtc_pipeline(target, **options))),
     }
 
 

@@ -88,6 +88,35 @@ def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name
     return normalize_loops(new), sources
 
 
+def redirect_output(func: tirx.PrimFunc, dest_shape, offsets, name="dest") -> tirx.PrimFunc:
+    """Store side: make ``func`` write its output (the last parameter) into a larger buffer.
+
+    Every access ``out[i]`` becomes ``dest[i + offsets]`` (a concat slice, a cache row); the rest
+    of ``dest`` is left as it is, so the same PrimFunc serves ``call_tir`` (fresh ``dest``) and
+    ``call_tir_inplace`` (``dest`` passed in and updated).
+    """
+    out = func.params[-1]
+    if len(offsets) != len(out.shape) or len(dest_shape) != len(out.shape):
+        raise NotRewritable("rank mismatch between the output and its destination")
+    dest = new_buffer(dest_shape, out.dtype, name)
+    shift = lambda idx: [i + _cast(tirx.IntImm("int64", o), str(i.ty)) if o else i
+                         for i, o in zip(idx, offsets)]
+
+    def on_store(store):
+        if store.buffer.same_as(out):
+            return tirx.BufferStore(dest, store.value, shift(store.indices))
+        return store
+
+    def on_load(load):
+        return tirx.BufferLoad(dest, shift(load.indices)) if load.source.same_as(out) else load
+
+    body = tvm_ffi.structural_map(func.body, [(tirx.BufferStore, on_store), (TensorLoad, on_load)],
+                                  order="post")
+    params = list(func.params[:-1]) + [dest]
+    body = _refresh_regions(body, params, touched={dest})
+    return tirx.PrimFunc(params, body, ret_type=func.ret_type, attrs=func.attrs)
+
+
 def _cast(e, dtype):
     return e if str(e.ty) == dtype else tirx.Cast(dtype, e)
 
@@ -100,15 +129,16 @@ def _block_analyzer(func):
     return ana
 
 
-def _refresh_regions(body, params):
-    """Recompute T.reads/T.writes of the non-root blocks that read ``params``'s buffers."""
+def _refresh_regions(body, params, touched=None):
+    """Recompute T.reads/T.writes of the non-root blocks that access the ``touched`` buffers
+    (default: all ``params``)."""
     buffer_map = {p: p for p in params}
     for block in _blocks_of(body):
         buffer_map.update({b: b for b in block.alloc_buffers})
-    param_set = set(params)
+    touched = set(params) if touched is None else set(touched)
 
     def on_block(block):
-        if block.name_hint == "root" or not _reads_any(block, param_set):
+        if block.name_hint == "root" or not _accesses_any(block, touched):
             return block
         reads, writes = get_sblock_read_write_region(block, buffer_map)
         return SBlock(block.iter_vars, reads, writes, block.name_hint, block.body, block.init,
@@ -123,10 +153,12 @@ def _blocks_of(stmt):
     return found
 
 
-def _reads_any(block, buffers):
+def _accesses_any(block, buffers):
     hit = []
-    tvm_ffi.structural_walk(block.body, (TensorLoad, lambda l: hit.append(l) if l.source in buffers else None),
-                            order="post")
+    tvm_ffi.structural_walk(block.body, [
+        (TensorLoad, lambda l: hit.append(l) if l.source in buffers else None),
+        (tirx.BufferStore, lambda st: hit.append(st) if st.buffer in buffers else None),
+    ], order="post")
     return bool(hit)
 
 
@@ -149,6 +181,44 @@ def _simplify_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
     body = tvm_ffi.structural_map(func.body, (SBlock, on_block), order="post")
     body = _refresh_regions(body, list(func.params))
     return tirx.PrimFunc(func.params, body, ret_type=func.ret_type, attrs=func.attrs)
+
+
+# -- schedulability ---------------------------------------------------------------------------
+def _dlight_rules():
+    from tvm.s_tir import dlight as dl
+
+    # The rules of the stock CUDA pipeline, most specialised first.
+    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+            dl.gpu.Fallback()]
+
+
+def _dlight_rule(func: tirx.PrimFunc, target) -> int:
+    """Index of the first default DLight rule that schedules ``func`` (raises on failure)."""
+    for i, rule in enumerate(_dlight_rules()):
+        if rule.apply(func, target, False) is not None:
+            return i
+    return len(_dlight_rules())
+
+
+def check_schedulable(original: tirx.PrimFunc, func: tirx.PrimFunc, target) -> None:
+    """On a GPU target, the rewritten consumer must schedule with the same DLight rule as the
+    original: a matmul whose mapped loads push it from Matmul to Fallback loses its tiling (and
+    tensor cores) and runs far slower than the copy it saved (seen on the H200 for concat and
+    gather reads)."""
+    if target is None or "gpu" not in target.keys:
+        return
+    with target:
+        before = _dlight_rule(original, target)
+        try:
+            after = _dlight_rule(func, target)
+        except Exception as err:  # noqa: BLE001 - any scheduling failure means: keep the copy
+            lines = [ln for ln in str(err).splitlines() if ln.strip()]
+            raise NotRewritable("DLight cannot schedule the rewritten consumer: "
+                                f"{lines[-1][:200] if lines else type(err).__name__}") from None
+    if after > before:
+        names = [type(r).__name__ for r in _dlight_rules()] + ["none"]
+        raise NotRewritable(f"DLight would schedule the rewritten consumer with {names[after]} "
+                            f"instead of {names[before]}")
 
 
 # -- loop normalisation -------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .analysis import contiguity, index_copy_mapping, op_pattern
 from .mapping import VirtualTensor
-from .rewrite import NotRewritable, inline_mapping
+from .rewrite import NotRewritable, check_schedulable, inline_mapping
 from .rules import Unsupported, get_rule
 from .strategy import get_strategy
 
@@ -205,7 +205,7 @@ class _VirtualTensorizer(PyExprMutator):
             if decision.take:
                 try:
                     rewritten, _ = inline_mapping(func, len(new_args), vt.mapping, name=arg.name)
-                    _check_schedulable(rewritten, self.target)
+                    check_schedulable(func, rewritten, self.target)
                     func = rewritten
                 except NotRewritable as err:
                     decision = type(decision)(False, str(err))
@@ -225,23 +225,6 @@ class _VirtualTensorizer(PyExprMutator):
         if key not in self._contiguity:
             self._contiguity[key] = contiguity(vt.mapping)
         return self._contiguity[key]
-
-
-def _check_schedulable(func: tirx.PrimFunc, target) -> None:
-    """On a GPU target, the rewritten consumer must still schedule with DLight's default rules
-    (the ones the stock CUDA pipeline applies); some rules reject mapped access patterns."""
-    if target is None or "gpu" not in target.keys:
-        return
-    from tvm.s_tir import dlight as dl
-
-    rules = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
-                                    dl.gpu.GeneralReduction(), dl.gpu.Fallback())
-    try:
-        with target:
-            rules(tvm.IRModule({"main": func}))
-    except Exception as err:  # noqa: BLE001 - any scheduling failure means: keep the copy
-        lines = [ln for ln in str(err).splitlines() if ln.strip()]
-        raise NotRewritable(f"DLight cannot schedule the rewritten consumer: {lines[-1][:200] if lines else err}")
 
 
 def _tensor_args(call):

@@ -1,0 +1,120 @@
+"""Shared helpers for the core acceptance tests: build, run, and inspect small Relax modules."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import vtc_tvm  # noqa: F401  (registers the pass)
+from vtc_tvm.analysis import is_data_movement
+
+LLVM = tvm.target.Target("llvm")
+FUSE = tvm.transform.Sequential([
+    relax.transform.LegalizeOps(),
+    relax.transform.AnnotateTIROpPattern(),
+    relax.transform.FuseOps(),
+    relax.transform.FuseTIR(),
+])
+
+
+def param(shape, dtype="float32", low=None, high=None):
+    """A parameter spec; ``low``/``high`` bound the random integers of an index tensor."""
+    return (tuple(shape), dtype, low, high)
+
+
+def _spec(p):
+    if len(p) == 4:
+        return p
+    shape, dtype = p
+    return (tuple(shape), dtype, None, None)
+
+
+def emit(expr, name=None):
+    """Bind ``expr`` in the block being built (to reuse one value twice)."""
+    return relax.BlockBuilder.current().emit(expr, name_hint=name or "")
+
+
+def make_module(params, body, name="main", mod=None):
+    """A Relax module whose function ``name`` has ``params`` ((shape, dtype) tuples or
+    :func:`param`) and one dataflow block computing ``body(*vars)`` (an Expr or a tuple)."""
+    bb = relax.BlockBuilder(mod)
+    xs = []
+    for i, p in enumerate(params):
+        shape, dtype, _, _ = _spec(p)
+        xs.append(relax.Var(f"x{i}", relax.TensorType(shape, dtype)))
+    with bb.function(name, xs):
+        with bb.dataflow():
+            out = body(*xs)
+            if isinstance(out, (list, tuple)):
+                out = relax.Tuple([emit(o) for o in out])
+            gv = bb.emit_output(out)
+        bb.emit_func_output(gv)
+    return bb.get()
+
+
+def random_inputs(params, rng):
+    arrays = []
+    for p in params:
+        shape, dtype, low, high = _spec(p)
+        if dtype.startswith("int"):
+            arrays.append(rng.integers(low or 0, high or 2, size=shape).astype(dtype))
+        else:
+            arrays.append(rng.standard_normal(shape).astype(dtype))
+    return arrays
+
+
+def run(mod, inputs, fused=True, func="main"):
+    """Compile on LLVM (with FuseOps/FuseTIR when ``fused``) and return the outputs as numpy."""
+    pipeline = relax.get_default_pipeline(LLVM) if fused else "default"
+    ex = tvm.compile(mod, target="llvm", relax_pipeline=pipeline)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm[func](*[tvm.runtime.tensor(a) for a in inputs])
+    return _to_numpy(out)
+
+
+def _to_numpy(out):
+    if isinstance(out, tvm.runtime.Tensor):
+        return [out.numpy()]
+    return [a for o in out for a in _to_numpy(o)]
+
+
+def called_prim_funcs(mod):
+    """(name, PrimFunc) of every call_tir in the module's Relax functions, in call order."""
+    found = []
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    def visit(e):
+        if isinstance(e, relax.Call) and e.op.same_as(call_tir):
+            found.append((e.args[0].name_hint, mod[e.args[0]]))
+
+    for _, f in mod.functions_items():
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f, visit)
+    return found
+
+
+def kernels(mod):
+    """[(kernel name, is data movement)] after LegalizeOps, AnnotateTIROpPattern, FuseOps, FuseTIR."""
+    with LLVM:
+        fused = FUSE(mod)
+    return [(n, is_data_movement(f)) for n, f in called_prim_funcs(fused)]
+
+
+def legalized_names(mod):
+    """Names of the PrimFuncs LegalizeOps makes for ``mod``."""
+    with LLVM:
+        legal = relax.transform.LegalizeOps()(mod)
+    return [n for n, _ in called_prim_funcs(legal)]
+
+
+@pytest.fixture
+def rng(request):
+    """A fresh random generator per test; the seed is printed (shown on failure).
+    Set VTC_TEST_SEED to replay one."""
+    seed = int(os.environ.get("VTC_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
+    print(f"\n[{request.node.name}] seed={seed} (replay with VTC_TEST_SEED={seed})")
+    return np.random.default_rng(seed)

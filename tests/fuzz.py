@@ -1,0 +1,905 @@
+"""Differential fuzzer: stock TVM vs ``VirtualTensorize`` on random Relax graphs.
+
+Hypothesis draws a random Relax function (BlockBuilder, high-level ops, static shapes) that
+mixes the data-movement ops vtc-tvm has rules for -- chained, branching, several virtual inputs
+per consumer -- and feeds them into compute ops. Each graph is compiled three times on LLVM
+with the fused default pipeline (stock, ``VirtualTensorize()``, ``VirtualTensorize("all")``) and
+run on the same random inputs. The outputs must agree (fp32: rtol = atol = 1e-6, ints: exact,
+fp16: 1e-3) and the transformed module must be well formed; any exception on the vtc side is a
+failure. Graphs that stock TVM itself cannot build or run are discarded.
+
+A graph is kept as the Python source that builds it (``Case.code``), so a failing example
+prints, and is saved as, a standalone script.
+
+Long campaign outside pytest::
+
+    python -m tests.fuzz --graphs 2000 --seed 1 [--minutes 20] [--no-save]
+
+prints the counts (generated, discarded, passed, mismatches, crashes) and writes every new,
+shrunk failure to ``tests/regressions/case_<hash>.py`` as a standalone pytest test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import math
+import os
+import re
+import sys
+import textwrap
+import time
+import traceback
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+from hypothesis import HealthCheck, Phase, assume, given, seed as hyp_seed, settings
+from hypothesis import strategies as st
+
+import tvm
+from tvm import relax
+
+import vtc_tvm
+
+REGRESSION_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "regressions")
+MAX_ELEMS = 4096          # largest tensor a graph may create
+INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
+TOLERANCE = {"float32": (1e-6, 1e-6), "float16": (1e-3, 1e-3)}   # (rtol, atol); ints: exact
+STRATEGIES = ("contiguity", "all")
+MOVEMENT_OPS = ("permute_dims", "reshape", "flatten", "squeeze", "expand_dims", "strided_slice",
+                "split", "concat", "stack", "broadcast_to", "tile", "repeat", "flip", "pad",
+                "take", "gather_elements", "gather_nd", "layout_transform")
+
+
+# ----------------------------------------------------------------------------------------------
+# Cases
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Input:
+    name: str
+    shape: Tuple[int, ...]
+    dtype: str
+    low: Optional[Tuple[int, ...]] = None    # integer index inputs: [low, high) per last-axis slot
+    high: Optional[Tuple[int, ...]] = None   # (one pair when all slots share the range)
+
+
+@dataclasses.dataclass
+class Case:
+    inputs: List[Input]
+    body: List[str]           # lines inside ``with bb.dataflow():`` (or the plain function body)
+    outputs: List[str]
+    dtype: str
+    dataflow: bool = True
+    data_seed: int = 0
+    ops: Tuple[str, ...] = ()
+
+    # -- source ------------------------------------------------------------------------------
+    def build_source(self) -> str:
+        """Source of ``build() -> IRModule``."""
+        lines = ["def build():", "    bb = relax.BlockBuilder()"]
+        for i in self.inputs:
+            lines.append(f"    {i.name} = relax.Var({i.name!r}, relax.TensorType({tuple(i.shape)!r}, {i.dtype!r}))")
+        params = ", ".join(i.name for i in self.inputs)
+        lines.append(f"    with bb.function(\"main\", [{params}]):")
+        ind = "        "
+        if self.dataflow:
+            lines.append(ind + "with bb.dataflow():")
+            ind += "    "
+        lines += [ind + ln for ln in self.body]
+        out = self.outputs[0] if len(self.outputs) == 1 else f"relax.Tuple([{', '.join(self.outputs)}])"
+        if self.dataflow:
+            lines.append(ind + f"out = bb.emit_output({out})")
+            lines.append("        bb.emit_func_output(out)")
+        else:
+            lines.append(ind + f"bb.emit_func_output({out})")
+        lines.append("    return bb.get()")
+        return "\n".join(lines) + "\n"
+
+    def inputs_source(self) -> str:
+        specs = ",\n".join(
+            f"    ({i.name!r}, {tuple(i.shape)!r}, {i.dtype!r}, {i.low!r}, {i.high!r})" for i in self.inputs)
+        return f"INPUTS = [  # name, shape, dtype, index range [low, high) per last-axis slot\n{specs},\n]\n" \
+               f"DATA_SEED = {self.data_seed}\n"
+
+    def script(self) -> str:
+        return self.inputs_source() + "\n\n" + self.build_source()
+
+    def build(self) -> tvm.IRModule:
+        ns = {"relax": relax, "tvm": tvm}
+        exec(self.build_source(), ns)  # noqa: S102 - our own generated source
+        return ns["build"]()
+
+    def make_inputs(self) -> List[np.ndarray]:
+        return make_inputs([(i.name, i.shape, i.dtype, i.low, i.high) for i in self.inputs], self.data_seed)
+
+
+def make_inputs(specs, data_seed) -> List[np.ndarray]:
+    rng = np.random.default_rng(data_seed)
+    arrays = []
+    for _name, shape, dtype, low, high in specs:
+        if low is not None:  # index tensor: per-slot range along the last axis
+            if len(low) == 1:
+                a = rng.integers(low[0], high[0], size=shape)
+            else:
+                a = np.stack([rng.integers(lo, hi, size=shape[:-1]) for lo, hi in zip(low, high)], axis=-1)
+            arrays.append(np.asarray(a, dtype=dtype).reshape(shape))
+        elif dtype.startswith("int"):
+            arrays.append(rng.integers(-5, 6, size=shape).astype(dtype))
+        else:
+            arrays.append(rng.standard_normal(size=shape).astype(dtype))
+    return arrays
+
+
+# ----------------------------------------------------------------------------------------------
+# Generator
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Val:
+    name: str
+    shape: Tuple[int, ...]
+    kind: str          # "input" | "move" | "compute"
+    uses: int = 0
+
+
+class _Gen:
+    """Draws one graph; every op is type-checked (normalized) as it is added."""
+
+    def __init__(self, draw, dtype):
+        self.draw = draw
+        self.dtype = dtype
+        self.inputs: List[Input] = []
+        self.body: List[str] = []
+        self.pool: List[Val] = []
+        self.ns: Dict[str, object] = {"relax": relax, "tvm": tvm}
+        self.nb = relax.BlockBuilder()
+        self.counter = 0
+        self.ops: List[str] = []
+
+    # -- helpers -------------------------------------------------------------------------------
+    def ints(self, lo, hi):
+        return self.draw(st.integers(lo, hi))
+
+    def choice(self, seq):
+        return self.draw(st.sampled_from(list(seq)))
+
+    def coin(self, p=0.5):
+        return self.draw(st.integers(0, 999)) < int(p * 1000)
+
+    def fresh(self, prefix):
+        self.counter += 1
+        return f"{prefix}{self.counter}"
+
+    def new_input(self, shape, dtype=None, low=None, high=None, prefix="x") -> Val:
+        name = self.fresh(prefix)
+        dtype = dtype or self.dtype
+        self.inputs.append(Input(name, tuple(shape), dtype, low, high))
+        self.ns[name] = relax.Var(name, relax.TensorType(tuple(shape), dtype))
+        v = Val(name, tuple(shape), "input")
+        if low is None:
+            self.pool.append(v)
+        return v
+
+    def emit(self, rhs: str, kind: str, op: str, add_to_pool=True) -> Optional[Val]:
+        """Type-check ``rhs``; on success add ``name = bb.emit(rhs)``. None if the result is
+        empty or too large (nothing is added then)."""
+        expr = self.nb.normalize(eval(rhs, self.ns))  # noqa: S307 - our own generated source
+        ty = expr.ty
+        name = self.fresh("t" if isinstance(ty, relax.TupleType) else ("m" if kind == "move" else "c"))
+        if isinstance(ty, relax.TensorType):
+            shape = tuple(int(d) for d in ty.shape.values)
+            if math.prod(shape) == 0 or math.prod(shape) > MAX_ELEMS:
+                return None
+        else:
+            shape = ()
+        self.ns[name] = relax.Var(name, ty)
+        self.body.append(f"{name} = bb.emit({rhs})")
+        self.ops.append(op)
+        v = Val(name, shape, kind)
+        if add_to_pool and isinstance(ty, relax.TensorType):
+            self.pool.append(v)
+        return v
+
+    def pick(self, prefer=None, rank_ok=lambda r: True) -> Optional[Val]:
+        cands = [v for v in self.pool if rank_ok(len(v.shape))]
+        if not cands:
+            return None
+        if prefer:
+            pref = [v for v in cands if v.kind == prefer]
+            if pref and self.coin(0.75):
+                cands = pref
+        # index from the most recent: shrinks towards the newest value
+        v = cands[len(cands) - 1 - self.ints(0, len(cands) - 1)]
+        return v
+
+    def use(self, *vals):
+        for v in vals:
+            v.uses += 1
+
+    def axis_code(self, axis, rank):
+        """An axis, sometimes written negatively."""
+        return axis - rank if self.coin(0.3) else axis
+
+    # -- movement ops --------------------------------------------------------------------------
+    def movement(self) -> Optional[Val]:
+        x = self.pick(prefer=None)
+        if x is None:
+            return None
+        op = self.choice(MOVEMENT_OPS)
+        r = len(x.shape)
+        fn = getattr(self, "mv_" + op)
+        out = fn(x, r)
+        if out is None:  # not applicable to this tensor: a permute always is
+            out = self.mv_permute_dims(x, r)
+        return out
+
+    def _mv(self, x, rhs, op):
+        out = self.emit(rhs, "move", op)
+        if out is not None:
+            self.use(x)
+        return out
+
+    def mv_permute_dims(self, x, r):
+        if r > 1 and self.coin(0.15):
+            return self._mv(x, f"relax.op.permute_dims({x.name})", "permute_dims")
+        axes = list(self.draw(st.permutations(list(range(r)))))
+        return self._mv(x, f"relax.op.permute_dims({x.name}, axes={axes})", "permute_dims")
+
+    def mv_reshape(self, x, r):
+        n = math.prod(x.shape)
+        primes, m, p = [], n, 2
+        while m > 1:
+            while m % p == 0:
+                primes.append(p)
+                m //= p
+            p += 1
+        rank = self.ints(1, 5)
+        dims = [1] * rank
+        for q in primes:
+            dims[self.ints(0, rank - 1)] *= q
+        if self.coin(0.25):
+            dims[self.ints(0, rank - 1)] = -1
+        return self._mv(x, f"relax.op.reshape({x.name}, {dims})", "reshape")
+
+    def mv_flatten(self, x, r):
+        return self._mv(x, f"relax.op.flatten({x.name})", "flatten")
+
+    def mv_squeeze(self, x, r):
+        ones = [a for a, d in enumerate(x.shape) if d == 1]
+        if not ones or r == 1:
+            return self.mv_expand_dims(x, r)
+        if self.coin(0.25) and len(ones) < r:
+            return self._mv(x, f"relax.op.squeeze({x.name})", "squeeze")
+        k = self.ints(1, min(len(ones), r - 1))
+        axes = sorted(self.draw(st.permutations(ones))[:k])
+        axes = [self.axis_code(a, r) for a in axes]
+        arg = axes[0] if len(axes) == 1 and self.coin() else axes
+        return self._mv(x, f"relax.op.squeeze({x.name}, axis={arg})", "squeeze")
+
+    def mv_expand_dims(self, x, r):
+        if r >= 5:
+            return None
+        k = self.ints(1, 2)
+        new_r = r + k
+        axes = sorted(self.draw(st.permutations(list(range(new_r))))[:k])
+        axes = [self.axis_code(a, new_r) for a in axes]
+        arg = axes[0] if len(axes) == 1 and self.coin() else axes
+        return self._mv(x, f"relax.op.expand_dims({x.name}, axis={arg})", "expand_dims")
+
+    def _bound(self, d):
+        kind = self.ints(0, 9)
+        if kind <= 6:
+            return self.ints(-d - 2, d + 2)
+        return self.choice([INT64_MAX, INT64_MIN, 2**31 - 1, -(2**31), d + 100, -d - 100])
+
+    def mv_strided_slice(self, x, r):
+        k = self.ints(1, r)
+        axes = list(self.draw(st.permutations(list(range(r)))))[:k]
+        begin, end, strides = [], [], []
+        for a in axes:
+            d = x.shape[a]
+            step = self.choice([1, 1, 2, 3, -1, -1, -2, -3])
+            begin.append(self._bound(d))
+            end.append(self._bound(d))
+            strides.append(step)
+        axes_c = [self.axis_code(a, r) for a in axes]
+        if all(s == 1 for s in strides) and self.coin():
+            rhs = f"relax.op.strided_slice({x.name}, axes={axes_c}, begin={begin}, end={end})"
+        else:
+            rhs = f"relax.op.strided_slice({x.name}, axes={axes_c}, begin={begin}, end={end}, strides={strides})"
+        return self._mv(x, rhs, "strided_slice")
+
+    def mv_split(self, x, r):
+        axis = self.ints(0, r - 1)
+        d = x.shape[axis]
+        if self.coin():
+            parts = self.ints(1, min(d, 4))
+            arg = str(parts)
+        else:
+            k = self.ints(1, 3)
+            idx = sorted(self.ints(0, d) for _ in range(k))
+            if self.coin(0.2):
+                idx[-1] = d + self.ints(0, 3)  # past the end
+            arg = str(idx)
+        t = self.emit(f"relax.op.split({x.name}, {arg}, axis={self.axis_code(axis, r)})", "move", "split")
+        if t is None:
+            return None
+        self.use(x)
+        if isinstance(self.ns[t.name].ty, relax.TensorType):  # one section: a plain tensor
+            return t
+        fields = self.ns[t.name].ty.fields
+        live = [i for i, f in enumerate(fields) if math.prod(int(s) for s in f.shape.values) > 0]
+        if not live:
+            return None
+        n_take = self.ints(1, len(live))
+        chosen = sorted(self.draw(st.permutations(live))[:n_take])
+        last = None
+        for i in chosen:
+            v = self.emit(f"relax.TupleGetItem({t.name}, {i})", "move", "split")
+            last = v or last
+        return last
+
+    def _compatible_pieces(self, x, axis, same_shape):
+        """2..4 tensors that concat/stack with ``x`` along ``axis``."""
+        r = len(x.shape)
+        n = self.ints(2, 4)
+        pieces = [x]
+        for _ in range(n - 1):
+            how = self.ints(0, 3)
+            if how == 0:
+                pieces.append(x)  # the same tensor twice
+            elif how == 1:
+                shape = list(x.shape)
+                if not same_shape:
+                    shape[axis] = self.ints(1, 6)
+                pieces.append(self.new_input(shape))
+            elif how == 2:
+                compat = [v for v in self.pool if len(v.shape) == r and all(
+                    (a == axis and not same_shape) or v.shape[a] == x.shape[a] for a in range(r))]
+                pieces.append(compat[self.ints(0, len(compat) - 1)] if compat else x)
+            else:  # another view of x, emitted first
+                fa = self.ints(0, r - 1)
+                v = self.emit(f"relax.op.flip({x.name}, axis={fa})", "move", "flip")
+                pieces.append(v if v is not None else x)
+                if v is not None:
+                    self.use(x)
+        perm = list(self.draw(st.permutations(list(range(len(pieces))))))
+        return [pieces[i] for i in perm]
+
+    def _tuple_arg(self, pieces):
+        lst = "[" + ", ".join(p.name for p in pieces) + "]"
+        if self.coin(0.25):  # a bound tuple variable instead of a literal
+            t = self.emit(f"relax.Tuple({lst})", "move", "tuple", add_to_pool=False)
+            return t.name
+        return lst
+
+    def mv_concat(self, x, r):
+        axis = self.ints(0, r - 1)
+        pieces = self._compatible_pieces(x, axis, same_shape=False)
+        arg = self._tuple_arg(pieces)
+        out = self.emit(f"relax.op.concat({arg}, axis={self.axis_code(axis, r)})", "move", "concat")
+        if out is not None:
+            self.use(*pieces)
+        return out
+
+    def mv_stack(self, x, r):
+        if r >= 5:
+            return None
+        axis = self.ints(0, r)
+        pieces = self._compatible_pieces(x, 0, same_shape=True)
+        arg = self._tuple_arg(pieces)
+        out = self.emit(f"relax.op.stack({arg}, axis={self.axis_code(axis, r + 1)})", "move", "stack")
+        if out is not None:
+            self.use(*pieces)
+        return out
+
+    def mv_broadcast_to(self, x, r):
+        lead = [self.ints(1, 4) for _ in range(self.ints(0, min(2, 5 - r)))]
+        shape = lead + [self.ints(1, 4) if d == 1 else d for d in x.shape]
+        return self._mv(x, f"relax.op.broadcast_to({x.name}, {shape})", "broadcast_to")
+
+    def mv_tile(self, x, r):
+        n = self.ints(max(1, r - 1), min(r + 1, 5))  # shorter repeats are left-padded with 1s
+        reps = [self.ints(1, 3) for _ in range(n)]
+        arg = reps[0] if n == 1 and self.coin() else reps
+        return self._mv(x, f"relax.op.tile({x.name}, {arg})", "tile")
+
+    def mv_repeat(self, x, r):
+        reps = self.ints(1, 3)
+        if self.coin(0.2):
+            return self._mv(x, f"relax.op.repeat({x.name}, {reps})", "repeat")
+        axis = self.axis_code(self.ints(0, r - 1), r)
+        return self._mv(x, f"relax.op.repeat({x.name}, {reps}, axis={axis})", "repeat")
+
+    def mv_flip(self, x, r):
+        axis = self.axis_code(self.ints(0, r - 1), r)
+        return self._mv(x, f"relax.op.flip({x.name}, axis={axis})", "flip")
+
+    def mv_pad(self, x, r):
+        width = []
+        for _ in range(r):
+            width += [self.ints(0, 2), self.ints(0, 2)]
+        value = self.choice([0.0, 1.5, -2.25] if self.dtype != "int32" else [0.0, 3.0, -2.0, 1.5])
+        if self.coin(0.3):
+            return self._mv(x, f"relax.op.nn.pad({x.name}, {width})", "pad")
+        return self._mv(x, f"relax.op.nn.pad({x.name}, {width}, pad_value={value})", "pad")
+
+    def mv_take(self, x, r):
+        axis = self.ints(0, r - 1)
+        n = x.shape[axis]
+        mode = self.choice(["fast", "fast", "clip", "wrap"])
+        if mode == "fast":
+            lo, hi = 0, n
+        elif mode == "clip":
+            lo, hi = -3, n + 3
+        else:
+            lo, hi = -2 * n, 2 * n
+        irank = self.ints(0, 2)
+        ishape = [self.ints(1, 4) for _ in range(irank)]
+        idx = self.new_input(ishape, self.choice(["int64", "int32"]), (lo,), (hi,), prefix="i")
+        mode_arg = "" if mode == "fast" and self.coin() else f", mode={mode!r}"
+        out = self.emit(f"relax.op.take({x.name}, {idx.name}, axis={self.axis_code(axis, r)}{mode_arg})",
+                        "move", "take")
+        if out is not None:
+            self.use(x)
+        return out
+
+    def mv_gather_elements(self, x, r):
+        axis = self.ints(0, r - 1)
+        ishape = [self.ints(1, 6) if a == axis else self.ints(1, d) for a, d in enumerate(x.shape)]
+        idx = self.new_input(ishape, self.choice(["int64", "int32"]), (0,), (x.shape[axis],), prefix="i")
+        out = self.emit(f"relax.op.gather_elements({x.name}, {idx.name}, axis={self.axis_code(axis, r)})",
+                        "move", "gather_elements")
+        if out is not None:
+            self.use(x)
+        return out
+
+    def mv_gather_nd(self, x, r):
+        b = self.ints(0, min(1, r - 1))
+        k = self.ints(1, r - b)
+        m = self.ints(0, 2)
+        ishape = list(x.shape[:b]) + [self.ints(1, 3) for _ in range(m)] + [k]
+        lows = tuple(0 for _ in range(k))
+        highs = tuple(x.shape[b + q] for q in range(k))
+        idx = self.new_input(ishape, self.choice(["int64", "int32"]), lows, highs, prefix="i")
+        bd = f", batch_dims={b}" if b or self.coin() else ""
+        out = self.emit(f"relax.op.gather_nd({x.name}, {idx.name}{bd})", "move", "gather_nd")
+        if out is not None:
+            self.use(x)
+        return out
+
+    def mv_layout_transform(self, x, r):
+        if r >= 5:
+            return None
+        names = [f"a{i}" for i in range(r)]
+        if self.coin():
+            axis = self.ints(0, r - 1)
+            f = self.ints(2, 4)
+            outs = names[:axis] + [f"{names[axis]} // {f}", f"{names[axis]} % {f}"] + names[axis + 1:]
+            pad = x.shape[axis] % f != 0
+        else:
+            outs = [names[i] for i in self.draw(st.permutations(list(range(r))))]
+            pad = False
+        lam = f"lambda {', '.join(names)}: ({', '.join(outs)},)"
+        pv = ""
+        if pad:
+            pv = f", pad_value={self.choice([0.0, 2.0] if self.dtype != 'int32' else [0, 2])}"
+        return self._mv(x, f"relax.op.layout_transform({x.name}, index_map={lam}{pv})", "layout_transform")
+
+    # -- compute ops ---------------------------------------------------------------------------
+    def compute(self) -> Optional[Val]:
+        floaty = self.dtype == "float32"
+        ops = ["add", "multiply", "subtract", "relu"]
+        if floaty:
+            ops += ["matmul", "matmul", "sum", "max", "mean", "softmax", "conv2d"]
+        elif self.dtype == "float16":
+            ops += ["max"]
+        op = self.choice(ops)
+        x = self.pick(prefer="move")
+        if x is None:
+            return None
+        r = len(x.shape)
+        if op in ("add", "multiply", "subtract"):
+            how = self.ints(0, 3)
+            if how == 0:  # another value of the same shape (often virtual too)
+                same = [v for v in self.pool if v.shape == x.shape]
+                y = same[self.ints(0, len(same) - 1)]
+            elif how == 1:
+                y = x
+            elif how == 2:
+                y = self.new_input(x.shape)
+            else:  # broadcasting operand
+                k = self.ints(1, r)
+                y = self.new_input(tuple(1 if self.coin(0.3) else d for d in x.shape[r - k:]))
+            a, b = (x, y) if self.coin() else (y, x)
+            out = self.emit(f"relax.op.{op}({a.name}, {b.name})", "compute", op)
+            if out is not None:
+                self.use(x, y)
+            return out
+        if op == "relu":
+            rhs = f"relax.op.nn.relu({x.name})"
+        elif op == "matmul":
+            if r >= 2 and self.coin(0.3):  # x on the right: (M, K) @ x
+                a = self.new_input((self.ints(1, 8), x.shape[-2]), prefix="w")
+                rhs = f"relax.op.matmul({a.name}, {x.name})"
+            else:
+                w = self.new_input((x.shape[-1], self.ints(1, 8)), prefix="w")
+                rhs = f"relax.op.matmul({x.name}, {w.name})"
+        elif op in ("sum", "max", "mean"):
+            axis = self.axis_code(self.ints(0, r - 1), r)
+            keep = self.coin(0.3)
+            rhs = f"relax.op.{op}({x.name}, axis=[{axis}], keepdims={keep})"
+        elif op == "softmax":
+            rhs = f"relax.op.nn.softmax({x.name}, axis={self.axis_code(self.ints(0, r - 1), r)})"
+        else:  # conv2d
+            if r != 4:
+                x4 = self.pick(prefer="move", rank_ok=lambda k: k == 4)
+                if x4 is None:
+                    rhs = f"relax.op.nn.relu({x.name})"
+                    op = "relu"
+                else:
+                    x = x4
+            if op == "conv2d":
+                _, c, h, w_ = x.shape
+                pad = self.ints(0, 1)
+                kh, kw = self.ints(1, min(3, h + 2 * pad)), self.ints(1, min(3, w_ + 2 * pad))
+                wt = self.new_input((self.ints(1, 4), c, kh, kw), prefix="w")
+                stride = self.ints(1, 2)
+                rhs = f"relax.op.nn.conv2d({x.name}, {wt.name}, strides={stride}, padding={pad})"
+        out = self.emit(rhs, "compute", op)
+        if out is not None:
+            self.use(x)
+        return out
+
+
+@st.composite
+def graphs(draw, max_ops: int = 8) -> Case:
+    dtype = draw(st.sampled_from(["float32"] * 7 + ["int32"] * 2 + ["float16"]))
+    g = _Gen(draw, dtype)
+    for _ in range(g.ints(1, 3)):
+        rank = g.ints(1, 4)
+        g.new_input([g.ints(1, 8) for _ in range(rank)])
+    n_ops = g.ints(1, max_ops)
+    for _ in range(n_ops):
+        kind = g.ints(0, 9)
+        if kind < 6:
+            g.movement()
+        else:
+            g.compute()
+    produced = [v for v in g.pool if v.kind != "input"]
+    assume(produced)
+    outs = [v for v in produced if v.uses == 0]
+    extra = [v for v in produced if v.uses > 0 and g.coin(0.15)]  # a used value also returned
+    outs = [v.name for v in produced if v in outs or v in extra]
+    data_seed = g.ints(0, 2**16)
+    return Case(g.inputs, g.body, outs, dtype, dataflow=not g.coin(0.1), data_seed=data_seed,
+                ops=tuple(g.ops))
+
+
+# ----------------------------------------------------------------------------------------------
+# Differential runner
+# ----------------------------------------------------------------------------------------------
+class StockFailure(Exception):
+    """Stock TVM cannot build or run the graph: not a vtc bug, the graph is discarded."""
+
+
+class VtcFailure(AssertionError):
+    def __init__(self, kind, strategy, stage, detail, signature):
+        super().__init__(f"[{kind}] strategy={strategy!r} stage={stage}: {detail}")
+        self.kind, self.strategy, self.stage, self.detail, self.signature = kind, strategy, stage, detail, signature
+
+
+_PIPELINE = None
+
+
+def _pipeline():
+    global _PIPELINE
+    if _PIPELINE is None:
+        _PIPELINE = relax.get_default_pipeline(tvm.target.Target("llvm"))
+    return _PIPELINE
+
+
+def compile_and_run(mod, arrays):
+    ex = tvm.compile(mod, target="llvm", relax_pipeline=_pipeline())
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    outs = list(out) if not isinstance(out, tvm.runtime.Tensor) else [out]
+    return [o.numpy() for o in outs]
+
+
+def _norm(msg: str) -> str:
+    """An error message with names and numbers stripped: groups one bug's crashes."""
+    lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
+    line = lines[-1] if lines else ""
+    line = re.sub(r"\b[a-zA-Z_]+\d+\b", "N", line)
+    line = re.sub(r"-?\d+", "N", line)
+    return line[:120]
+
+
+def compare(expected, got, dtype_tol) -> Optional[str]:
+    if len(expected) != len(got):
+        return f"{len(got)} outputs, expected {len(expected)}"
+    for k, (e, g) in enumerate(zip(expected, got)):
+        if e.shape != g.shape or e.dtype != g.dtype:
+            return f"output {k}: {g.dtype}{g.shape}, expected {e.dtype}{e.shape}"
+        if e.dtype.kind in "iub":
+            bad = e != g
+        else:
+            rtol, atol = TOLERANCE.get(str(e.dtype), (1e-6, 1e-6))
+            bad = ~np.isclose(g, e, rtol=rtol, atol=atol, equal_nan=True)
+        if bad.any():
+            where = tuple(int(i) for i in np.argwhere(bad)[0])
+            return (f"output {k} {e.dtype}{e.shape}: {int(bad.sum())}/{e.size} elements differ; "
+                    f"first at {where}: got {g[where]!r}, expected {e[where]!r}")
+    return None
+
+
+def differential(mod: tvm.IRModule, arrays, strategies=STRATEGIES, reports=None):
+    """Raise StockFailure / VtcFailure; return the transformed modules on agreement."""
+    try:
+        expected = compile_and_run(mod, arrays)
+    except Exception as err:  # noqa: BLE001
+        raise StockFailure(f"{type(err).__name__}: {str(err).strip().splitlines()[-1:]}") from err
+    results = {}
+    for strategy in strategies:
+        report = [] if reports is None else reports.setdefault(strategy, [])
+        stage = "VirtualTensorize"
+        try:
+            new = vtc_tvm.VirtualTensorize(strategy=strategy, report=report)(mod)
+            stage = "check_well_formed"
+            if not relax.analysis.check_well_formed(new):
+                raise VtcFailure("crash", strategy, stage, "transformed module is not well formed",
+                                 "crash:ill-formed")
+            stage = "compile/run"
+            got = compile_and_run(new, arrays)
+        except VtcFailure:
+            raise
+        except Exception as err:  # noqa: BLE001
+            detail = f"{type(err).__name__}: {err}"
+            raise VtcFailure("crash", strategy, stage, detail,
+                             f"crash:{stage}:{type(err).__name__}:{_norm(str(err))}") from err
+        problem = compare(expected, got, None)
+        if problem:
+            raise VtcFailure("mismatch", strategy, "compare", problem, "mismatch")
+        results[strategy] = new
+    return results
+
+
+def check_case(case: Case):
+    mod = case.build()
+    return differential(mod, case.make_inputs())
+
+
+# ----------------------------------------------------------------------------------------------
+# Regression files
+# ----------------------------------------------------------------------------------------------
+_REGRESSION_TEMPLATE = '''\
+"""Fuzzer regression ({kind}, strategy {strategy!r}, ops: {ops}).
+
+Found by tests/fuzz.py:
+{detail}
+
+Run: python {relpath}   or   pytest {relpath}
+"""
+
+import numpy as np
+import tvm
+from tvm import relax
+
+import vtc_tvm
+
+{script}
+
+def make_inputs():
+    rng = np.random.default_rng(DATA_SEED)
+    arrays = []
+    for _name, shape, dtype, low, high in INPUTS:
+        if low is not None:
+            if len(low) == 1:
+                a = rng.integers(low[0], high[0], size=shape)
+            else:
+                a = np.stack([rng.integers(lo, hi, size=shape[:-1]) for lo, hi in zip(low, high)], axis=-1)
+            arrays.append(np.asarray(a, dtype=dtype).reshape(shape))
+        elif dtype.startswith("int"):
+            arrays.append(rng.integers(-5, 6, size=shape).astype(dtype))
+        else:
+            arrays.append(rng.standard_normal(size=shape).astype(dtype))
+    return arrays
+
+
+def run(mod, arrays):
+    pipeline = relax.get_default_pipeline(tvm.target.Target("llvm"))
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm", relax_pipeline=pipeline), tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
+    return [o.numpy() for o in (list(out) if not isinstance(out, tvm.runtime.Tensor) else [out])]
+
+
+def test_case(strategy={strategy!r}):
+    mod, arrays = build(), make_inputs()
+    expected = run(mod, arrays)
+    new = vtc_tvm.VirtualTensorize(strategy=strategy)(mod)
+    assert relax.analysis.check_well_formed(new)
+    got = run(new, arrays)
+    assert len(got) == len(expected)
+    for e, g in zip(expected, got):
+        assert e.shape == g.shape and e.dtype == g.dtype
+        if e.dtype.kind in "iub":
+            np.testing.assert_array_equal(g, e)
+        else:
+            tol = 1e-3 if e.dtype == np.float16 else 1e-6
+            np.testing.assert_allclose(g, e, rtol=tol, atol=tol)
+
+
+if __name__ == "__main__":
+    print(build().script())
+    for s in ("contiguity", "all"):
+        test_case(s)
+        print("strategy", s, "ok")
+'''
+
+
+def regression_source(case: Case, failure: VtcFailure, path: str) -> str:
+    detail = textwrap.indent(textwrap.shorten(str(failure), 1500, placeholder=" ..."), "    ")
+    rel = os.path.relpath(path, os.path.dirname(os.path.dirname(REGRESSION_DIR)))
+    return _REGRESSION_TEMPLATE.format(kind=failure.kind, strategy=failure.strategy,
+                                       ops=", ".join(sorted(set(case.ops))), detail=detail,
+                                       script=case.script(), relpath=rel)
+
+
+def save_regression(case: Case, failure: VtcFailure) -> str:
+    os.makedirs(REGRESSION_DIR, exist_ok=True)
+    h = hashlib.sha1(case.script().encode()).hexdigest()[:10]
+    path = os.path.join(REGRESSION_DIR, f"case_{h}.py")
+    with open(path, "w") as f:
+        f.write(regression_source(case, failure, path))
+    return path
+
+
+def describe(case: Case, failure: Optional[BaseException] = None) -> str:
+    parts = ["# ---- minimal failing case " + "-" * 50, case.script()]
+    try:
+        parts.append("# TVMScript:\n" + textwrap.indent(case.build().script(), "# "))
+    except Exception as err:  # noqa: BLE001
+        parts.append(f"# (cannot build: {err})")
+    if failure is not None:
+        parts.append(f"# failure: {failure}")
+    return "\n".join(parts)
+
+
+# ----------------------------------------------------------------------------------------------
+# Campaign (outside pytest)
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Stats:
+    generated: int = 0
+    discarded: int = 0
+    passed: int = 0
+    mismatches: int = 0
+    crashes: int = 0
+    shrink_runs: int = 0
+    seconds: float = 0.0
+
+
+@dataclasses.dataclass
+class Bug:
+    signature: str
+    ops: frozenset          # ops of the shrunk case (a mismatch is "known" if a graph contains them)
+    case: Case
+    failure: VtcFailure
+    path: Optional[str] = None
+    hits: int = 1
+
+
+class Campaign:
+    def __init__(self, budget: int, deadline: float, save: bool, verbose: bool):
+        self.stats = Stats()
+        self.bugs: List[Bug] = []
+        self.budget, self.deadline, self.save, self.verbose = budget, deadline, save, verbose
+        self.shrinking = False
+        self.last_fail: Optional[Tuple[Case, VtcFailure]] = None
+
+    def _known(self, failure: VtcFailure, case: Case) -> Optional[Bug]:
+        ops = set(case.ops)
+        for bug in self.bugs:
+            if failure.signature == bug.signature and (bug.signature != "mismatch" or bug.ops <= ops):
+                return bug
+        return None
+
+    def check(self, case: Case):
+        if not self.shrinking:
+            if self.stats.generated >= self.budget or time.time() > self.deadline:
+                return  # budget spent: the rest of this round is a no-op
+            self.stats.generated += 1
+        else:
+            self.stats.shrink_runs += 1
+        try:
+            check_case(case)
+        except StockFailure:
+            if not self.shrinking:
+                self.stats.discarded += 1
+            assume(False)
+        except VtcFailure as failure:
+            if not self.shrinking:
+                if failure.kind == "mismatch":
+                    self.stats.mismatches += 1
+                else:
+                    self.stats.crashes += 1
+            known = self._known(failure, case)
+            if known is not None:
+                if not self.shrinking:
+                    known.hits += 1
+                return
+            self.shrinking = True
+            self.last_fail = (case, failure)
+            raise
+        else:
+            if not self.shrinking:
+                self.stats.passed += 1
+
+    def run(self, seed: int, round_size: int = 150):
+        r = 0
+        while self.stats.generated < self.budget and time.time() < self.deadline:
+            self.shrinking, self.last_fail = False, None
+
+            @hyp_seed(seed * 1000 + r)
+            @settings(max_examples=min(round_size, self.budget - self.stats.generated) + 50, deadline=None,
+                      database=None, derandomize=False, report_multiple_bugs=False,
+                      suppress_health_check=list(HealthCheck), print_blob=False)
+            @given(graphs())
+            def _round(case):
+                self.check(case)
+
+            t0 = time.time()
+            try:
+                _round()
+            except VtcFailure:
+                case, failure = self.last_fail
+                bug = Bug(failure.signature, frozenset(case.ops), case, failure)
+                if self.save:
+                    bug.path = save_regression(case, failure)
+                self.bugs.append(bug)
+                print(f"\n=== new bug #{len(self.bugs)}: {failure.signature}  "
+                      f"(shrunk in {time.time() - t0:.0f}s)")
+                print(describe(case, failure))
+                if bug.path:
+                    print(f"# saved: {bug.path}")
+                sys.stdout.flush()
+            except Exception as err:  # noqa: BLE001 - e.g. hypothesis giving up on a round
+                print(f"round {r}: {type(err).__name__}: {err}")
+            r += 1
+            s = self.stats
+            print(f"[{time.time() - START:.0f}s] generated={s.generated} discarded={s.discarded} "
+                  f"passed={s.passed} mismatches={s.mismatches} crashes={s.crashes} "
+                  f"bugs={len(self.bugs)}", flush=True)
+
+
+START = time.time()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--graphs", type=int, default=500)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--minutes", type=float, default=float("inf"), help="stop after this long")
+    ap.add_argument("--no-save", action="store_true", help="do not write tests/regressions/")
+    ap.add_argument("--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    camp = Campaign(args.graphs, START + args.minutes * 60, not args.no_save, args.verbose)
+    camp.run(args.seed)
+    s = camp.stats
+    print("\n==== summary ====")
+    print(f"generated   {s.generated}")
+    print(f"discarded   {s.discarded}   (stock TVM failed)")
+    print(f"passed      {s.passed}")
+    print(f"mismatches  {s.mismatches}")
+    print(f"crashes     {s.crashes}")
+    print(f"shrink runs {s.shrink_runs}")
+    print(f"time        {time.time() - START:.0f}s")
+    print(f"distinct bugs: {len(camp.bugs)}")
+    for k, b in enumerate(camp.bugs, 1):
+        print(f"  #{k} {b.signature}  hits={b.hits}  ops={sorted(b.ops)}  {b.path or ''}")
+    return 1 if camp.bugs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
