@@ -11,7 +11,7 @@ import vtc_tvm
 from vtc_tvm import Mapping, VirtualTensor
 from vtc_tvm.rules import Unsupported, get_rule, register_rule
 
-from conftest import make_module, param, random_inputs, run
+from .conftest import make_module, param, random_inputs, run
 
 R = relax.op
 F32 = "float32"

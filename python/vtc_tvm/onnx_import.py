@@ -94,6 +94,11 @@ def _input_shapes(graph: onnx.GraphProto, given: dict) -> dict:
     if unknown:
         raise InputError(f"--shape names unknown input {sorted(unknown)[0]!r} "
                          f"(inputs: {', '.join(i.name for i in inputs) or 'none'})")
+    for i in inputs:
+        kind = i.type.WhichOneof("value")
+        if kind != "tensor_type":
+            raise InputError(f"input {i.name!r} is a {kind or 'untyped value'}; only tensor inputs are supported")
+        _dtype(i.type.tensor_type.elem_type, f"input {i.name!r}")
     for t in graph.initializer:
         _dtype(t.data_type, f"initializer {t.name!r}")
     for o in graph.output:
@@ -102,10 +107,6 @@ def _input_shapes(graph: onnx.GraphProto, given: dict) -> dict:
 
     shapes = {}
     for i in inputs:
-        kind = i.type.WhichOneof("value")
-        if kind != "tensor_type":
-            raise InputError(f"input {i.name!r} is a {kind or 'untyped value'}; only tensor inputs are supported")
-        _dtype(i.type.tensor_type.elem_type, f"input {i.name!r}")
         tt = i.type.tensor_type
         dims = [d.dim_value if d.dim_value > 0 else (d.dim_param or "?") for d in tt.shape.dim]
         if i.name in given:

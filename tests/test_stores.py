@@ -1,0 +1,135 @@
+"""Store side: producers write into their concat slice; conflicts keep a tensor physical."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax import op as R
+
+from vtc_tvm.pipeline import vtc_pipeline
+from vtc_tvm.report import kernel_census, run_vm
+from vtc_tvm.transform import VirtualTensorize
+
+LLVM = tvm.target.Target("llvm")
+
+
+def _module(shapes, body):
+    params = [relax.Var(f"p{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = body(bb, *params)
+            out = bb.emit_output(out)
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def _compare(mod, report=None):
+    rng = np.random.default_rng()
+    args = [rng.standard_normal([int(d) for d in p.ty.shape]).astype("float32") for p in mod["main"].params]
+
+    def run(pipeline):
+        return run_vm(tvm.compile(mod, target=LLVM, relax_pipeline=pipeline), tvm.cpu(), args)
+
+    want = run(relax.get_default_pipeline(LLVM))
+    got = run(vtc_pipeline(LLVM, report=report if report is not None else []))
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6)
+
+
+def _store_decisions(mod):
+    from vtc_tvm.stores import VirtualTensorizeStores
+
+    report = []
+    with LLVM:
+        fused = tvm.transform.Sequential([
+            relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+            relax.transform.FuseOps(), relax.transform.FuseTIR()])(VirtualTensorize()(mod))
+        VirtualTensorizeStores(LLVM, report=report)(fused)
+    return report
+
+
+PRODUCERS = {
+    "matmul": lambda bb, x, w: bb.emit(R.matmul(x, w)),
+    "relu_matmul": lambda bb, x, w: bb.emit(R.nn.relu(bb.emit(R.matmul(x, w)))),
+    "add": lambda bb, x, w: bb.emit(R.add(bb.emit(R.matmul(x, w)), relax.const(1.0))),
+    "sum": lambda bb, x, w: bb.emit(R.sum(bb.emit(R.expand_dims(bb.emit(R.matmul(x, w)), [2])), axis=[2])),
+}
+
+
+@pytest.mark.parametrize("n", [2, 3, 5, 8])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_concat_of_producers(n, axis):
+    # The concat is the function's output, so it must exist: its inputs are written in place.
+    kinds = sorted(PRODUCERS)
+    sizes = [4 + (i % 3) * 4 for i in range(n)]
+    if axis == 1:  # x @ w_i: parts of different widths
+        shapes = [(16, 8)] + [(8, s) for s in sizes]
+        parts = lambda bb, x, ws: [PRODUCERS[kinds[i % 4]](bb, x, w) for i, w in enumerate(ws)]
+    else:  # x_i @ w: parts of different heights
+        shapes = [(8, 8)] + [(s, 8) for s in sizes]
+        parts = lambda bb, w, xs: [PRODUCERS[kinds[i % 4]](bb, x, w) for i, x in enumerate(xs)]
+
+    mod = _module(shapes, lambda bb, first, *rest: R.concat(parts(bb, first, rest), axis=axis))
+    _compare(mod)
+    decisions = _store_decisions(mod)
+    assert [d["virtual"] for d in decisions] == [True] * n, decisions
+
+
+def test_conv_and_matmul_producers_into_channel_concat():
+    def body(bb, x, w1, w2):
+        a = bb.emit(R.nn.relu(bb.emit(R.nn.conv2d(x, w1))))
+        b = bb.emit(R.nn.conv2d(x, w2, padding=[1, 1]))
+        return R.concat([a, b, x], axis=1)
+
+    mod = _module([(1, 4, 6, 6), (4, 4, 1, 1), (4, 4, 3, 3)], body)
+    _compare(mod)
+    assert [d["virtual"] for d in _store_decisions(mod)].count(True) == 2
+
+
+def test_input_used_twice_stays_physical():
+    def body(bb, x, w):
+        a = bb.emit(R.matmul(x, w))
+        c = bb.emit(R.concat([a, x], axis=1))
+        return bb.emit(R.add(c, bb.emit(R.concat([a, a], axis=1))))  # a is read by two concats
+
+    mod = _module([(8, 8), (8, 8)], body)
+    _compare(mod)
+    assert not any(d["virtual"] for d in _store_decisions(mod))
+
+
+def test_two_concats_sharing_an_input():
+    def body(bb, x, w):
+        a = bb.emit(R.matmul(x, w))
+        c1 = bb.emit(R.concat([a, x], axis=1))
+        c2 = bb.emit(R.concat([x, a], axis=1))
+        return relax.Tuple([c1, c2])
+
+    mod = _module([(8, 8), (8, 8)], body)
+    _compare(mod)
+    assert not any(d["virtual"] for d in _store_decisions(mod))
+
+
+def test_producer_that_is_also_a_function_output():
+    params = [relax.Var("x", relax.TensorType((8, 8), "float32")), relax.Var("w", relax.TensorType((8, 8), "float32"))]
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            a = bb.emit_output(R.matmul(*params))  # escapes the dataflow block
+            c = bb.emit_output(R.concat([a, params[0]], axis=1))
+        bb.emit_func_output(relax.Tuple([a, c]))
+    mod = bb.get()
+    _compare(mod)
+    assert not any(d["virtual"] for d in _store_decisions(mod))
+
+
+def test_store_side_saves_memory():
+    def body(bb, x, w1, w2):
+        return R.concat([bb.emit(R.matmul(x, w1)), bb.emit(R.matmul(x, w2))], axis=1)
+
+    mod = _module([(64, 16), (16, 32), (16, 32)], body)
+    stock = kernel_census(mod, LLVM)
+    vtc = kernel_census(VirtualTensorize()(mod), LLVM, stores=True)
+    assert vtc["data_movement"] < stock["data_movement"]
+    assert vtc["planned_bytes"] < stock["planned_bytes"]
