@@ -225,11 +225,12 @@ class _Gen:
         x = self.pick(prefer=None)
         if x is None:
             return None
-        op = self.choice(MOVEMENT_OPS)
         r = len(x.shape)
+        # rank-0 tensors (full reductions, scalar take indices) only reshape / broadcast
+        op = self.choice(MOVEMENT_OPS if r else ("reshape", "expand_dims", "broadcast_to", "flatten"))
         fn = getattr(self, "mv_" + op)
         out = fn(x, r)
-        if out is None:  # not applicable to this tensor: a permute always is
+        if out is None and r:  # not applicable to this tensor: a permute always is
             out = self.mv_permute_dims(x, r)
         return out
 
@@ -461,7 +462,7 @@ class _Gen:
         ishape = list(x.shape[:b]) + [self.ints(1, 3) for _ in range(m)] + [k]
         lows = tuple(0 for _ in range(k))
         highs = tuple(x.shape[b + q] for q in range(k))
-        idx = self.new_input(ishape, self.choice(["int64", "int32"]), lows, highs, prefix="i")
+        idx = self.new_input(ishape, "int64", lows, highs, prefix="i")  # Relax: int64 only
         bd = f", batch_dims={b}" if b or self.coin() else ""
         out = self.emit(f"relax.op.gather_nd({x.name}, {idx.name}{bd})", "move", "gather_nd")
         if out is not None:
@@ -499,6 +500,8 @@ class _Gen:
         if x is None:
             return None
         r = len(x.shape)
+        if r == 0 and op not in ("add", "multiply", "subtract", "relu"):
+            op = "relu"
         if op in ("add", "multiply", "subtract"):
             how = self.ints(0, 3)
             if how == 0:  # another value of the same shape (often virtual too)
@@ -509,7 +512,7 @@ class _Gen:
             elif how == 2:
                 y = self.new_input(x.shape)
             else:  # broadcasting operand
-                k = self.ints(1, r)
+                k = self.ints(min(1, r), r)
                 y = self.new_input(tuple(1 if self.coin(0.3) else d for d in x.shape[r - k:]))
             a, b = (x, y) if self.coin() else (y, x)
             out = self.emit(f"relax.op.{op}({a.name}, {b.name})", "compute", op)

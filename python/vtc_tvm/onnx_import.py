@@ -64,8 +64,8 @@ def _read(src) -> onnx.ModelProto:
             raise InputError(f"{src}: no such file" if not os.path.exists(src) else f"{src}: not a file")
         return onnx.load(os.fspath(src))  # resolves external data next to the file
     except DecodeError:
-        raise InputError(f"{src if not isinstance(src, bytes) else 'model'}: not an ONNX model "
-                         "(malformed protobuf)") from None
+        label = "model bytes" if isinstance(src, (bytes, bytearray)) else src
+        raise InputError(f"{label}: not an ONNX model (malformed protobuf)") from None
     except OSError as e:
         raise InputError(f"{src}: cannot read: {e.strerror or e}") from None
 
@@ -77,13 +77,13 @@ def _one_line(e: BaseException) -> str:
 
 def _dtype(elem_type: int, what: str) -> str:
     """The TVM dtype of an ONNX element type, or InputError naming ``what``."""
-    name = onnx.TensorProto.DataType.Name(elem_type) if elem_type in onnx.TensorProto.DataType.values() else str(elem_type)
     try:
         dtype = str(onnx.helper.tensor_dtype_to_np_dtype(elem_type))
         tvm.runtime.DataType(dtype)  # complex64/128 and string (numpy "object") are rejected here
         return dtype
     except Exception:
-        raise InputError(f"{what} has unsupported element type {name}") from None
+        names = dict((v, k) for k, v in onnx.TensorProto.DataType.items())
+        raise InputError(f"{what} has unsupported element type {names.get(elem_type, elem_type)}") from None
 
 
 def _input_shapes(graph: onnx.GraphProto, given: dict) -> dict:

@@ -21,14 +21,14 @@ def _backend(target: tvm.target.Target):
     return backend.gpu_generic.pipeline
 
 
-def fusion_passes(target: tvm.target.Target, stores: bool = True) -> list:
+def fusion_passes(target: tvm.target.Target, stores: bool = True, report=None) -> list:
     """The backend's legalize/fuse/schedule passes, with the store side after ``FuseTIR``."""
     from .stores import VirtualTensorizeStores
 
     passes = list(_backend(target).legalize_passes(target))
     if stores:
         at = next(i for i, p in enumerate(passes) if p.info.name == "FuseTIR") + 1
-        passes.insert(at, VirtualTensorizeStores(target))
+        passes.insert(at, VirtualTensorizeStores(target, report=report))
     return passes
 
 
@@ -48,7 +48,7 @@ def vtc_pipeline(target=None, stores: bool = True, **options) -> tvm.transform.P
     options.setdefault("target", target)
     backend = _backend(target)
     passes = ([VirtualTensorize(**options)] + list(backend.library_dispatch_passes(target))
-              + fusion_passes(target, stores) + list(backend.dataflow_lower_passes(target))
+              + fusion_passes(target, stores, options.get("report")) + list(backend.dataflow_lower_passes(target))
               + list(backend.finalize_passes(target)))
 
     @tvm.transform.module_pass(opt_level=0, name="vtc_pipeline")

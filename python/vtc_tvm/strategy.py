@@ -42,11 +42,11 @@ def by_contiguity(mapping, contig: Contiguity, pattern: int) -> Decision:
     if pattern <= COMM_REDUCE:
         return Decision(True, f"consumer reads each element once (op pattern {pattern})")
     if pattern == OUT_EWISE_FUSABLE:
-        if contig.best_axis_run >= run:
-            return Decision(True, f"unit-stride run {contig.best_axis_run} >= {run} along one axis "
-                                  "of a tiled consumer")
-        return Decision(False, f"longest unit-stride run {contig.best_axis_run} < {run} into a "
-                               "tiled consumer that re-reads elements")
+        longest = max(contig.inner_run, contig.best_axis_run)
+        if longest >= run:
+            return Decision(True, f"unit-stride run {longest} >= {run} into a tiled consumer")
+        return Decision(False, f"longest unit-stride run {longest} < {run} into a tiled consumer "
+                               "that re-reads elements")
     if contig.inner_run >= run:
         return Decision(True, f"row-major run {contig.inner_run} >= {run}")
     return Decision(False, f"row-major run {contig.inner_run} < {run} into an opaque consumer")
