@@ -300,8 +300,13 @@ class _Gen:
         for a in axes:
             d = x.shape[a]
             step = self.choice([1, 1, 2, 3, -1, -1, -2, -3])
-            begin.append(self._bound(d))
-            end.append(self._bound(d))
+            b, e = self._bound(d), self._bound(d)
+            if not len(range(*slice(b, e, step).indices(d))):
+                b, e = e, b  # an empty slice: stock TVM rejects it, try the other way round
+            if not len(range(*slice(b, e, step).indices(d))):
+                e = INT64_MAX if step > 0 else INT64_MIN
+            begin.append(b)
+            end.append(e)
             strides.append(step)
         axes_c = [self.axis_code(a, r) for a in axes]
         if all(s == 1 for s in strides) and self.coin():
@@ -318,7 +323,7 @@ class _Gen:
             arg = str(parts)
         else:
             k = self.ints(1, 3)
-            idx = sorted(self.ints(0, d) for _ in range(k))
+            idx = sorted(set(self.ints(0, d) for _ in range(k)))  # strictly increasing
             if self.coin(0.2):
                 idx[-1] = d + self.ints(0, 3)  # past the end
             arg = str(idx)
@@ -557,7 +562,8 @@ class _Gen:
 
 @st.composite
 def graphs(draw, max_ops: int = 8) -> Case:
-    dtype = draw(st.sampled_from(["float32"] * 7 + ["int32"] * 2 + ["float16"]))
+    dtype = ["float32"] * 7 + ["int32"] * 2 + ["float16"]
+    dtype = dtype[draw(st.integers(0, 9))]  # shrinks towards float32
     g = _Gen(draw, dtype)
     for _ in range(g.ints(1, 3)):
         rank = g.ints(1, 4)

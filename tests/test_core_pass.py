@@ -150,7 +150,8 @@ def test_cases_cover_every_op_and_consumer_kind():
             for b in block.bindings:
                 if isinstance(b.value, relax.Call) and isinstance(b.value.op, tvm.ir.Op):
                     ops.add(b.value.op.name)
-    assert set(vtc_tvm.registered_ops()) <= ops, set(vtc_tvm.registered_ops()) - ops
+    builtin = {o for o in vtc_tvm.registered_ops() if o.startswith("relax.")}  # not test-registered ones
+    assert builtin <= ops, builtin - ops
     kinds = {}
     for case in CASES:
         kinds[case[1]] = kinds.get(case[1], 0) + 1
@@ -338,7 +339,6 @@ def test_escape_unrewritable_consumer(strategy, rng):
 def test_tensor_used_twice_by_one_consumer(which, strategy, rng):
     if which == "permute":
         params = [((6, 6), F32)]
-        body = lambda x: R.matmul(emit(R.permute_dims(R.exp(x))), emit(R.permute_dims(R.exp(x))))
 
         def body(x):
             t = emit(R.permute_dims(R.exp(x)))
@@ -436,8 +436,7 @@ def test_two_functions(strategy, rng):
     out = vtc_tvm.VirtualTensorize(strategy=strategy, report=report)(mod)
     assert relax.analysis.check_well_formed(out)
     assert {gv.name_hint for gv in out.get_global_vars()} >= {"main", "second"}
-    tensors = [e["consumer"] for e in report]
-    assert len(tensors) >= 2, report
+    assert len(report) >= 2, report  # one decision per function
     ex = tvm.compile(out, target="llvm", relax_pipeline=relax.get_default_pipeline(tvm.target.Target("llvm")))
     ex0 = tvm.compile(mod, target="llvm", relax_pipeline=relax.get_default_pipeline(tvm.target.Target("llvm")))
     vm, vm0 = relax.VirtualMachine(ex, tvm.cpu()), relax.VirtualMachine(ex0, tvm.cpu())
@@ -491,3 +490,57 @@ def test_callable_strategy_is_consulted(rng):
 def test_unknown_strategy_raises():
     with pytest.raises(ValueError):
         vtc_tvm.VirtualTensorize(strategy="fastest")
+
+
+# -- edge cases found while writing the suite ------------------------------------------------
+@pytest.mark.parametrize("strategy", ["contiguity", "all"])
+@pytest.mark.parametrize("consumer", ["add", "sum"])
+def test_take_nan_mode(consumer, strategy, rng):
+    """take(mode="nan") gives NaN for out-of-range indices; the pass must keep that."""
+    params = [((10, 8), F32), param((12,), "int64", -3, 14), ((12, 8), F32)]
+
+    def body(x, i, y):
+        t = R.take(R.exp(x), i, axis=0, mode="nan")
+        return R.add(t, y) if consumer == "add" else R.sum(t, axis=[1])
+
+    mod = make_module(params, body)
+    inputs = random_inputs(params, rng)
+    inputs[1][:3] = [-2, 10, 13]  # out of range for sure
+    out = vtc_tvm.VirtualTensorize(strategy=strategy)(mod)
+    assert relax.analysis.check_well_formed(out)
+    assert_outputs_equal(run(out, inputs), run(mod, inputs))
+
+
+ZERO_DIM = [
+    ("broadcast_scalar_matmul", [((), F32), ((8, 3), F32)],
+     lambda x, w: R.matmul(R.broadcast_to(R.exp(x), (4, 8)), w)),
+    ("reshape_to_scalar_add", [((1, 1), F32), ((), F32)],
+     lambda x, y: R.add(R.reshape(R.exp(x), ()), y)),
+    ("expand_scalar_sum", [((), F32)], lambda x: R.sum(R.expand_dims(R.exp(x), [0, 1]), axis=[0])),
+]
+
+
+@pytest.mark.parametrize("strategy", ["contiguity", "all"])
+@pytest.mark.parametrize("case", ZERO_DIM, ids=[c[0] for c in ZERO_DIM])
+def test_zero_dim_tensors(case, strategy, rng):
+    _, params, body = case
+    mod = make_module(params, body)
+    inputs = random_inputs(params, rng)
+    out = vtc_tvm.VirtualTensorize(strategy=strategy)(mod)
+    assert relax.analysis.check_well_formed(out)
+    assert_outputs_equal(run(out, inputs), run(mod, inputs))
+
+
+LEGALIZABLE = [c for c in CASES if len(c) == 4]  # pixel_shuffle has no stock legalization
+
+
+@pytest.mark.parametrize("case", LEGALIZABLE, ids=[c[0] for c in LEGALIZABLE])
+def test_legalized_input_matches_stock(case, rng):
+    """The pass also runs on an already legalized module (movement ops as call_tir copies)."""
+    mod = make_module(case[2], case[3])
+    with tvm.target.Target("llvm"):
+        legal = relax.transform.LegalizeOps()(mod)
+    inputs = random_inputs(case[2], rng)
+    out = vtc_tvm.VirtualTensorize(strategy="all")(legal)
+    assert relax.analysis.check_well_formed(out)
+    assert_outputs_equal(run(out, inputs), run(mod, inputs))

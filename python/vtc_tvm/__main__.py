@@ -108,7 +108,7 @@ def _check(args, mod, executables, dev) -> int:
     from .demo import mismatch
     from .report import run_vm
 
-    inputs = _random_inputs(mod, args.seed)
+    inputs = _stage("making random inputs", _random_inputs, mod, args.seed)  # numpy lacks e.g. bfloat16
     outs = {name: _stage(f"running the {name} build", run_vm, ex, dev, inputs) for name, ex in executables.items()}
     ort, why = _onnxruntime(args.model, inputs)
     if ort is None:

@@ -178,8 +178,8 @@ def contiguity(mapping: Mapping, seed: int = 0) -> Contiguity:
     rng = np.random.default_rng(seed)
     shape = mapping.shape
     size = mapping.size
-    if size == 0:
-        return Contiguity(0, 0, True, 1.0, mapping.is_indirect, mapping.is_piecewise)
+    if size == 0 or not shape:  # empty or 0-d: nothing to stream
+        return Contiguity(size, size, True, 1.0, mapping.is_indirect, mapping.is_piecewise)
     env_bufs = _offset_sources(mapping, rng)
     # Row-major run: a window of the innermost elements at a few random outer positions.
     window = min(size, _SAMPLE)

@@ -56,9 +56,17 @@ def kernel_census(mod: tvm.IRModule, target, stores: bool = False) -> dict:
     return {
         "kernels": len(kernels),
         "data_movement": sum(bool(is_data_movement(mod[c.args[0]])) for c in kernels),
-        "planned_bytes": sum(int(c.args[0].values[0]) for c in _calls(planned["main"], [_ALLOC_STORAGE])),
+        "planned_bytes": _planned_bytes(planned["main"]),
         "memory_estimate": relax.analysis.estimate_memory_usage(planned),
     }
+
+
+def _planned_bytes(func):
+    """Bytes of the static storage allocations; None when a size is symbolic."""
+    sizes = [c.args[0].values[0] for c in _calls(func, [_ALLOC_STORAGE])]
+    if not all(isinstance(s, tvm.tirx.IntImm) for s in sizes):
+        return None
+    return sum(int(s.value) for s in sizes)
 
 
 def compile_variants(mod: tvm.IRModule, target, **options) -> dict:

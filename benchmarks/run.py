@@ -1,0 +1,628 @@
+"""End-to-end benchmark of the paper's workloads: stock TVM vs vtc-tvm (vs PyTorch when importable).
+
+    python -m benchmarks.run --suite paper --target cuda --tuner dlight [--batch 1 16] [--cases ...]
+                             [--out DIR] [--repeat 100] [--max-autotune] [--no-torch-compile] [--dry]
+    python -m benchmarks.run --suite paper --target llvm --size small --repeat 3      (CPU smoke run)
+
+Per case (workload x batch), in one process: build stock TVM (``relax.get_default_pipeline``) and
+vtc-tvm (``vtc_pipeline``) with the same scheduler (DLight, or MetaSchedule ``ms:N`` sharing one
+database per workload); count kernels and data-movement kernels; check vtc against stock (rel L2;
+fp16 < 1e-2, fp32 < 1e-4); time both (median of ``--repeat`` calls after a warm-up, CUDA events,
+inputs rotated over enough copies to exceed 2x the L2); per-kernel GPU time (CUPTI via
+torch.profiler) split into data movement vs compute; peak memory of one call; and PyTorch eager /
+torch.compile on the same function and weights. ``--dry`` only compiles (no device needed).
+
+Memory: ``*_peak_mib`` is measured on CUDA as the drop of ``dev.available_global_memory`` over
+one call of a fresh VM after the pooled allocator was cleared (pool growth: intermediates +
+outputs, 2 MiB granularity); on CPU / ``--dry`` it is the planned bytes (``*_planned_mib``, static
+memory planning of intermediates, outputs excluded). ``peak_source`` says which.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import traceback
+import zlib
+
+import numpy as np
+import tvm
+from tvm import relax
+
+import vtc_tvm  # noqa: F401  (registers the pass)
+from vtc_tvm.analysis import is_data_movement
+from vtc_tvm.pipeline import cuda_target, fusion_passes, vtc_pipeline
+from vtc_tvm.report import kernel_census
+from vtc_tvm.transform import VirtualTensorize
+
+from .workloads import WORKLOADS, load_torch, torch_module
+
+SUITES = {"paper": ["llama_decode", "llama_prefill", "gemma2_decode", "effvit_attn", "yolo_c3k2",
+                    "shufflenet_unit", "shufflenet_v2"]}
+L2_BYTES = 50 * 2 ** 20
+MIB = 2 ** 20
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+# ----------------------------------------------------------------------------------------------
+# Building
+# ----------------------------------------------------------------------------------------------
+def _backend(target):
+    from tvm.relax import backend
+
+    if target.kind.name == "cuda":
+        return backend.cuda.pipeline
+    if target.kind.name == "llvm":
+        return backend.cpu_generic.pipeline
+    return backend.gpu_generic.pipeline
+
+
+def parse_tuner(tuner: str):
+    if tuner == "dlight":
+        return "dlight", 0
+    if tuner.startswith("ms:"):
+        return "metaschedule", int(tuner.split(":", 1)[1])
+    raise ValueError(f"--tuner must be dlight or ms:N, not {tuner!r}")
+
+
+def build(mod, target, variant: str, tuner: str, tuning_dir: str = None):
+    """Compile ``mod`` as ``variant`` ("stock" or "vtc") with the given scheduler."""
+    kind, trials = parse_tuner(tuner)
+    if kind == "dlight":
+        pipeline = relax.get_default_pipeline(target) if variant == "stock" else vtc_pipeline(target)
+        return tvm.compile(mod, target=target, relax_pipeline=pipeline)
+    return _build_metaschedule(mod, target, variant, trials, tuning_dir)
+
+
+def _warm_worker():
+    import tvm.s_tir.tensor_intrin  # noqa: F401  (slow import outside the builder's timed call)
+
+
+def _build_metaschedule(mod, target, variant, trials, work_dir):
+    """Stock/vtc pipeline with MetaSchedule in place of DLight for the fused kernels.
+
+    Tasks already in ``work_dir``'s database (e.g. tuned for the other variant) are not re-tuned;
+    DLight still schedules whatever MetaSchedule has no record for.
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    backend = _backend(target)
+    legal = fusion_passes(target, stores=True) if variant == "vtc" else list(backend.legalize_passes(target))
+    cut = next((i for i, p in enumerate(legal) if "ApplyDefaultSchedule" in p.info.name), len(legal))
+    front = ([VirtualTensorize(target=target)] if variant == "vtc" else []) + list(
+        backend.library_dispatch_passes(target)) + legal[:cut]
+    os.makedirs(work_dir, exist_ok=True)
+    with target:
+        fused = tvm.transform.Sequential(front)(mod)
+        db = ms.database.JSONDatabase(work_dir=work_dir)
+        tasks = ms.relax_integration.extract_tasks(fused, target)
+        todo = [t for t in tasks if db.query_tuning_record(t.dispatched[0], target, "main") is None]
+        print(f"    metaschedule {variant}: {len(tasks)} tasks, {len(todo)} to tune "
+              f"({trials} trials each)", flush=True)
+        if todo and trials > 0:
+            ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(todo, work_dir=work_dir)
+            ms.tune.tune_tasks(
+                tasks=ctxs, task_weights=weights, work_dir=work_dir,
+                max_trials_global=trials * len(todo), max_trials_per_task=trials,
+                num_trials_per_iter=min(64, max(trials, 1)), database=db,
+                builder=ms.builder.LocalBuilder(timeout_sec=120, initializer=_warm_worker),
+                runner=ms.runner.LocalRunner(timeout_sec=60))
+        fused = relax.transform.MetaScheduleApplyDatabase(work_dir)(fused)
+        rest = legal[cut:] + list(backend.dataflow_lower_passes(target)) + list(backend.finalize_passes(target))
+        rest_pipe = tvm.transform.Sequential(rest)
+    return tvm.compile(fused, target=target, relax_pipeline=_with_target(rest_pipe, target))
+
+
+def _with_target(seq, target):
+    @tvm.transform.module_pass(opt_level=0, name="bench_rest")
+    def _p(mod, _ctx):
+        with target:
+            return seq(mod)
+
+    return _p
+
+
+def fused_module(mod, target, variant):
+    """The module after fusion, as ``kernel_census`` sees it: its PrimFunc names are the kernels'."""
+    T = relax.transform
+    passes = [T.LegalizeOps(), T.AnnotateTIROpPattern(), T.FoldConstant(), T.FuseOps(), T.FuseTIR()]
+    if variant == "vtc":
+        from vtc_tvm.stores import VirtualTensorizeStores
+
+        mod = VirtualTensorize(target=target)(mod)
+        passes.append(VirtualTensorizeStores(target))
+    with target:
+        return tvm.transform.Sequential(passes + [T.RewriteDataflowReshape()])(mod)
+
+
+def kernel_classes(fused) -> dict:
+    """PrimFunc name -> "dm" (only moves data) or "compute"."""
+    out = {}
+    for gv, f in fused.functions_items():
+        if isinstance(f, tvm.tirx.PrimFunc):
+            try:
+                out[gv.name_hint] = "dm" if is_data_movement(f) else "compute"
+            except Exception:  # noqa: BLE001
+                out[gv.name_hint] = "compute"
+    return out
+
+
+def classify_kernel(kernel: str, classes: dict) -> str:
+    """CUDA kernel names are the PrimFunc name + ``_kernel`` (maybe numbered); longest prefix wins."""
+    best = None
+    for name in classes:
+        if kernel == name or kernel.startswith(name + "_kernel"):
+            if best is None or len(name) > len(best):
+                best = name
+    return classes[best] if best else "other"
+
+
+# ----------------------------------------------------------------------------------------------
+# Measuring
+# ----------------------------------------------------------------------------------------------
+def _torch():
+    try:
+        import torch
+
+        return torch if torch.cuda.is_available() else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _nbytes(arrays):
+    return sum(a.nbytes for a in arrays)
+
+
+def copies(arrays, max_copies=64) -> int:
+    """How many copies of one input set make a rotation over more than 2x the L2 (1 if it is larger)."""
+    return 1 if _nbytes(arrays) >= L2_BYTES else min(max_copies, math.ceil(2 * L2_BYTES / max(_nbytes(arrays), 1)))
+
+
+def rotation(arrays, dev):
+    """Device copies of one input set (distinct buffers, same values) to rotate over."""
+    return [[tvm.runtime.tensor(a, dev) for a in arrays] for _ in range(copies(arrays))]
+
+
+def time_calls(call, sets, repeat, warmup=None, torch=None, dev=None):
+    """Median ms of ``call(*set)`` over ``repeat`` calls, rotating ``sets``; CUDA events when torch is
+    there (each call between two events on the default stream), else wall clock around a sync."""
+    for i in range(min(10, repeat) if warmup is None else warmup):
+        call(*sets[i % len(sets)])
+    if torch is not None:
+        torch.cuda.synchronize()
+        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeat)]
+        for i, (a, b) in enumerate(ev):
+            a.record()
+            call(*sets[i % len(sets)])
+            b.record()
+        torch.cuda.synchronize()
+        return float(np.median([a.elapsed_time(b) for a, b in ev]))
+    times = []
+    for i in range(repeat):
+        if dev is not None:
+            dev.sync()
+        t0 = time.perf_counter()
+        call(*sets[i % len(sets)])
+        if dev is not None:
+            dev.sync()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))
+
+
+def gpu_kernel_us(call, sets, torch, iters=20):
+    """Mean GPU time per call of every kernel, by name (CUPTI through torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for i in range(3):
+        call(*sets[i % len(sets)])
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for i in range(iters):
+            call(*sets[i % len(sets)])
+        torch.cuda.synchronize()
+    times = {}
+    for ev in prof.key_averages():
+        t = getattr(ev, "device_time_total", None) or getattr(ev, "cuda_time_total", 0)
+        k = ev.key.lower()
+        if t and "memcpy" not in k and "memset" not in k:
+            times[ev.key] = t / iters
+    return times
+
+
+def tvm_peak_mib(ex, dev, args):
+    """Pool growth over one call of a fresh VM (intermediates + outputs), in MiB."""
+    clear = tvm.get_global_func("vm.builtin.memory_manager.clear")
+    vm = relax.VirtualMachine(ex, dev)
+    out = vm["main"](*args)  # loads the kernels
+    dev.sync()
+    del out
+    clear()
+    dev.sync()
+    before = dev.available_global_memory
+    out = vm["main"](*args)
+    dev.sync()
+    after = dev.available_global_memory
+    del out, vm
+    clear()
+    return (before - after) / MIB
+
+
+def _flat(o):
+    if isinstance(o, tvm.runtime.Tensor):
+        return [o.numpy()]
+    if hasattr(o, "detach"):
+        return [o.detach().float().cpu().numpy()]
+    return [a for x in o for a in _flat(x)]
+
+
+def rel_l2(outs, ref):
+    errs = []
+    for a, b in zip(outs, ref):
+        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+        if not np.isfinite(a).all():
+            return float("inf")
+        errs.append(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+    return float(max(errs))
+
+
+# ----------------------------------------------------------------------------------------------
+# One case
+# ----------------------------------------------------------------------------------------------
+def run_case(wl, batch, args, target, dev, torch):
+    gpu = target.kind.name == "cuda"
+    dtype = "float16" if gpu else "float32"
+    tol = 1e-2 if dtype == "float16" else 1e-4
+    kind, trials = parse_tuner(args.tuner)
+    row = {"workload": wl.name, "batch": batch, "size": args.size, "dtype": dtype, "scheduler": kind,
+           "trials": trials, "description": wl.description}
+    t_case = time.time()
+    cfg = wl.config(args.size, batch, dtype)
+    row["config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()}
+    mod = wl.build(cfg)
+    tuning_dir = os.path.join(args.tuning_dir, wl.name)
+
+    exes, fused = {}, {}
+    for variant in ("stock", "vtc"):
+        t0 = time.time()
+        exes[variant] = build(mod, target, variant, args.tuner, tuning_dir)
+        row[f"{variant}_compile_s"] = round(time.time() - t0, 2)
+        if variant == "stock":
+            census = kernel_census(mod, target)
+        else:
+            census = kernel_census(VirtualTensorize(target=target)(mod), target, stores=True)
+        row[f"{variant}_kernels"] = census["kernels"]
+        row[f"{variant}_dm_kernels"] = census["data_movement"]
+        row[f"{variant}_planned_mib"] = census["planned_bytes"] / MIB
+        fused[variant] = kernel_classes(fused_module(mod, target, variant))
+    row["vtc_tensor_cores"] = _has_tensor_cores(exes["vtc"]) if gpu else None
+    row["stock_tensor_cores"] = _has_tensor_cores(exes["stock"]) if gpu else None
+    if args.dry:
+        row["peak_source"] = "planned"
+        row["stock_peak_mib"], row["vtc_peak_mib"] = row["stock_planned_mib"], row["vtc_planned_mib"]
+        row["seconds"] = round(time.time() - t_case, 1)
+        return row
+
+    # Numerics: fresh random inputs (seed per case), vtc vs stock.
+    seed = zlib.crc32(f"{wl.name}/{batch}/{time.time_ns()}".encode())  # fresh every run
+    inputs = wl.inputs(mod, cfg, seed)
+    row["input_mib"] = _nbytes(inputs) / MIB
+    sets = rotation(inputs, dev) if gpu else [[tvm.runtime.tensor(a, dev) for a in inputs]]
+    row["rotated_sets"] = len(sets)
+    vms = {v: relax.VirtualMachine(exes[v], dev) for v in exes}
+    outs = {v: _flat(vms[v]["main"](*sets[0])) for v in vms}
+    row["max_rel_err"] = rel_l2(outs["vtc"], outs["stock"])
+    row["numerics_ok"] = bool(row["max_rel_err"] < tol)
+    ref = outs["stock"]
+    del outs
+
+    # Latency (median over repeat), and time_evaluator as a cross-check (no rotation).
+    for v, vm in vms.items():
+        f = vm["main"]
+        row[f"{v}_ms"] = time_calls(f, sets, args.repeat, torch=torch if gpu else None, dev=dev)
+        te = vm.time_evaluator("main", dev, number=1, repeat=args.repeat)(*sets[0])
+        row[f"{v}_ms_time_evaluator"] = float(np.median(te.results)) * 1e3
+    row["speedup"] = row["stock_ms"] / row["vtc_ms"] if row["vtc_ms"] else None
+    row["timing"] = "cuda events (torch), median" if (gpu and torch) else "wall clock around sync, median"
+
+    # Per-kernel GPU time, split into data movement / compute.
+    if gpu and torch is not None:
+        for v, vm in vms.items():
+            per = gpu_kernel_us(vm["main"], sets, torch)
+            split = {"dm": 0.0, "compute": 0.0, "other": 0.0}
+            for k, us in per.items():
+                split[classify_kernel(k, fused[v])] += us
+            row[f"{v}_dm_us"], row[f"{v}_compute_us"], row[f"{v}_other_us"] = split["dm"], split["compute"], split["other"]
+            row[f"{v}_gpu_us"] = sum(per.values())
+            row[f"{v}_kernel_us"] = {k: round(us, 2) for k, us in sorted(per.items(), key=lambda kv: -kv[1])}
+            row[f"{v}_launched_kernels"] = len(per)
+    del vms
+
+    # Peak memory of one call.
+    if gpu:
+        row["peak_source"] = "measured: dev.available_global_memory drop over one call (pool growth)"
+        for v in exes:
+            row[f"{v}_peak_mib"] = tvm_peak_mib(exes[v], dev, sets[0])
+    else:
+        row["peak_source"] = "planned"
+        row["stock_peak_mib"], row["vtc_peak_mib"] = row["stock_planned_mib"], row["vtc_planned_mib"]
+
+    if torch is not None and gpu and not args.no_torch:
+        try:
+            _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch)
+        except Exception as err:  # noqa: BLE001 - a failing peer is reported, not fatal
+            traceback.print_exc()
+            row["torch_error"] = f"{type(err).__name__}: {str(err)[:300]}"
+    row["seconds"] = round(time.time() - t_case, 1)
+    return row
+
+
+def _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch):
+    module, acts = load_torch(torch_module(wl, cfg), mod, inputs, device="cuda")
+    module.eval()
+    act_sets = [acts] + [[a.clone() for a in acts] for _ in range(copies(inputs) - 1)]
+    with torch.no_grad():
+        out = module(*acts)
+        row["torch_rel_err_vs_stock"] = rel_l2(_flat(out), ref)
+        del out
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        module(*acts)
+        torch.cuda.synchronize()
+        row["torch_eager_peak_mib"] = (torch.cuda.max_memory_allocated() - base) / MIB
+        row["torch_eager_ms"] = time_calls(module, act_sets, args.repeat, torch=torch)
+        modes = [] if args.no_torch_compile else [("torch_compile", {})]
+        if args.max_autotune:
+            modes.append(("torch_compile_max_autotune", {"mode": "max-autotune-no-cudagraphs"}))
+        for key, kw in modes:
+            torch._dynamo.reset()
+            t0 = time.time()
+            compiled = torch.compile(module, **kw)
+            compiled(*acts)
+            torch.cuda.synchronize()
+            row[f"{key}_compile_s"] = round(time.time() - t0, 1)
+            row[f"{key}_ms"] = time_calls(compiled, act_sets, args.repeat, torch=torch)
+            row[f"{key}_rel_err_vs_stock"] = rel_l2(_flat(compiled(*acts)), ref)
+    del module, act_sets, acts
+    torch.cuda.empty_cache()
+
+
+def _has_tensor_cores(ex) -> bool:
+    def find(m):
+        if m.kind == "cuda":
+            return m
+        for sub in m.imports:
+            r = find(sub)
+            if r is not None:
+                return r
+
+    cuda = find(ex.mod)
+    src = cuda.inspect_source() if cuda is not None else ""
+    return any(k in src for k in ("wmma", "mma.sync", "wgmma", "ldmatrix"))
+
+
+# ----------------------------------------------------------------------------------------------
+# Reporting
+# ----------------------------------------------------------------------------------------------
+KEYS = ["workload", "batch", "scheduler", "trials", "stock_ms", "vtc_ms", "torch_eager_ms", "torch_compile_ms",
+        "stock_peak_mib", "vtc_peak_mib", "stock_kernels", "vtc_kernels", "stock_dm_us", "vtc_dm_us", "max_rel_err"]
+
+
+def _f(v, fmt="{:.3f}"):
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return fmt.format(v)
+    return str(v)
+
+
+def table(rows) -> str:
+    cols = [("case", lambda r: f"{r['workload']}/b{r['batch']}"),
+            ("stock ms", lambda r: _f(r.get("stock_ms"))), ("vtc ms", lambda r: _f(r.get("vtc_ms"))),
+            ("speedup", lambda r: _f(r.get("speedup"), "{:.2f}x")),
+            ("eager ms", lambda r: _f(r.get("torch_eager_ms"))),
+            ("compile ms", lambda r: _f(r.get("torch_compile_ms"))),
+            ("kernels s/v", lambda r: f"{_f(r.get('stock_kernels'))}/{_f(r.get('vtc_kernels'))}"),
+            ("dm kern s/v", lambda r: f"{_f(r.get('stock_dm_kernels'))}/{_f(r.get('vtc_dm_kernels'))}"),
+            ("dm us s/v", lambda r: f"{_f(r.get('stock_dm_us'), '{:.1f}')}/{_f(r.get('vtc_dm_us'), '{:.1f}')}"),
+            ("peak MiB s/v", lambda r: f"{_f(r.get('stock_peak_mib'), '{:.1f}')}/{_f(r.get('vtc_peak_mib'), '{:.1f}')}"),
+            ("rel err", lambda r: _f(r.get("max_rel_err"), "{:.1e}")),
+            ("build s s/v", lambda r: f"{_f(r.get('stock_compile_s'))}/{_f(r.get('vtc_compile_s'))}"),
+            ("note", lambda r: r.get("error", "") or r.get("torch_error", "")[:60])]
+    lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
+    for r in rows:
+        lines.append("| " + " | ".join(str(fn(r)) for _, fn in cols) + " |")
+    return "\n".join(lines)
+
+
+def markdown(result) -> str:
+    rows = result["cases"]
+    out = [f"# vtc-tvm paper suite ({result['date']})", "",
+           f"commit `{result['commit']}`, device {result['device']}, tvm {result['tvm']}, torch {result['torch']}, "
+           f"target `{result['target']}`, tuner `{result['tuner']}`, repeat {result['repeat']}"
+           + (" (compile only)" if result.get("dry") else ""), "",
+           "s/v = stock TVM / vtc-tvm. Latency: median per call. dm us: GPU time of data-movement kernels per call "
+           "(CUPTI). Peak: " + (rows[0].get("peak_source", "") if rows else ""), "", table(rows), ""]
+    for name in result.get("charts", []):
+        out.append(f"![{name}]({name})")
+    return "\n".join(out) + "\n"
+
+
+def charts(rows, out_dir, stem) -> list:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:  # noqa: BLE001
+        print("matplotlib not importable: no charts")
+        return []
+    done = [r for r in rows if r.get("stock_ms") is not None]
+    made = []
+    labels = [f"{r['workload']}\nb{r['batch']}" for r in done]
+    x = np.arange(len(done))
+    if done:
+        series = [("stock TVM", "stock_ms"), ("vtc-tvm", "vtc_ms"), ("torch eager", "torch_eager_ms"),
+                  ("torch.compile", "torch_compile_ms"), ("torch max-autotune", "torch_compile_max_autotune_ms")]
+        series = [s for s in series if any(r.get(s[1]) for r in done)]
+        fig, ax = plt.subplots(figsize=(max(8, len(done) * 1.2), 4.5))
+        w = 0.8 / len(series)
+        for i, (lab, key) in enumerate(series):
+            base = [r["stock_ms"] for r in done]
+            ax.bar(x + i * w, [(r.get(key) or 0) / b for r, b in zip(done, base)], w, label=lab)
+        ax.set_xticks(x + 0.4 - w / 2, labels, fontsize=7)
+        ax.set_ylabel("latency / stock TVM (lower is better)")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        made.append(_save(fig, out_dir, f"{stem}_latency.png", plt))
+    dm = [r for r in done if r.get("stock_dm_us") is not None]
+    if dm:
+        fig, ax = plt.subplots(figsize=(max(8, len(dm) * 1.2), 4.5))
+        xs = np.arange(len(dm))
+        for j, v in enumerate(("stock", "vtc")):
+            comp = [r[f"{v}_compute_us"] + r.get(f"{v}_other_us", 0) for r in dm]
+            mov = [r[f"{v}_dm_us"] for r in dm]
+            ax.bar(xs + j * 0.4, comp, 0.4, label=f"{v} compute", color=("C0", "C2")[j])
+            ax.bar(xs + j * 0.4, mov, 0.4, bottom=comp, label=f"{v} data movement", color=("C1", "C3")[j])
+        ax.set_xticks(xs + 0.2, [f"{r['workload']}\nb{r['batch']}" for r in dm], fontsize=7)
+        ax.set_ylabel("GPU kernel time per call (us)")
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        made.append(_save(fig, out_dir, f"{stem}_dm_share.png", plt))
+    mem = [r for r in rows if r.get("stock_peak_mib") is not None]
+    if mem:
+        fig, ax = plt.subplots(figsize=(max(8, len(mem) * 1.2), 4.5))
+        xs = np.arange(len(mem))
+        keys = [("stock TVM", "stock_peak_mib"), ("vtc-tvm", "vtc_peak_mib"), ("torch eager", "torch_eager_peak_mib")]
+        for j, (lab, key) in enumerate(keys):
+            ax.bar(xs + j * 0.27, [r.get(key) or 0 for r in mem], 0.27, label=lab)
+        ax.set_xticks(xs + 0.27, [f"{r['workload']}\nb{r['batch']}" for r in mem], fontsize=7)
+        ax.set_ylabel("peak memory of one call (MiB)")
+        ax.set_yscale("symlog")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        made.append(_save(fig, out_dir, f"{stem}_memory.png", plt))
+    return made
+
+
+def _save(fig, out_dir, name, plt):
+    fig.savefig(os.path.join(out_dir, name), dpi=120)
+    plt.close(fig)
+    return name
+
+
+def _commit() -> str:
+    env = os.environ.get("VTC_COMMIT")
+    if env:
+        return env
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE)
+        if out.returncode == 0:
+            return out.stdout.strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def _device(target, dry, torch):
+    if dry:
+        return "none (compile only)"
+    if target.kind.name != "cuda":
+        return "cpu"
+    if torch is not None:
+        return torch.cuda.get_device_name(0)
+    return "cuda"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", default="paper", choices=sorted(SUITES))
+    ap.add_argument("--target", default="cuda", choices=["cuda", "llvm"])
+    ap.add_argument("--tuner", default="dlight", help="dlight or ms:N (MetaSchedule, N trials per task)")
+    ap.add_argument("--batch", type=int, nargs="+", help="default: 1 16 (real size), 1 (small)")
+    ap.add_argument("--cases", nargs="*", help="workload names (or substrings) to run")
+    ap.add_argument("--size", choices=["small", "real"], help="default: real on cuda, small on llvm")
+    ap.add_argument("--repeat", type=int, default=100)
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--tuning-dir", default=os.path.join(HERE, "tuning"))
+    ap.add_argument("--dry", action="store_true", help="compile only, no device needed")
+    ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peers")
+    ap.add_argument("--no-torch-compile", action="store_true", help="torch eager only")
+    ap.add_argument("--max-autotune", action="store_true",
+                    help='also torch.compile(mode="max-autotune-no-cudagraphs") (slow to compile)')
+    args = ap.parse_args(argv)
+    args.size = args.size or ("real" if args.target == "cuda" else "small")
+    args.batch = args.batch or ([1, 16] if args.size == "real" else [1])
+    parse_tuner(args.tuner)
+
+    target = cuda_target() if args.target == "cuda" else tvm.target.Target("llvm")
+    names = [n for n in SUITES[args.suite] if not args.cases or any(c in n for c in args.cases)]
+    dev = None
+    torch = None
+    if not args.dry:
+        dev = tvm.cuda(0) if args.target == "cuda" else tvm.cpu(0)
+        if args.target == "cuda":
+            if not dev.exist:
+                sys.exit("no CUDA GPU found: use --dry to compile only")
+            torch = None if args.no_torch else _torch()
+    try:
+        import torch as _t
+
+        torch_version = _t.__version__
+    except Exception:  # noqa: BLE001
+        torch_version = None
+
+    now = datetime.datetime.now()
+    result = {"commit": _commit(), "date": now.strftime("%Y-%m-%d"), "time": now.strftime("%H:%M:%S"),
+              "device": _device(target, args.dry, torch), "tvm": tvm.__version__, "torch": torch_version,
+              "target": str(target.kind.name) + (f" {target.arch}" if args.target == "cuda" else ""),
+              "tuner": args.tuner, "suite": args.suite, "size": args.size, "repeat": args.repeat,
+              "dry": args.dry, "argv": sys.argv[1:] if argv is None else list(argv), "cases": []}
+    os.makedirs(args.out, exist_ok=True)
+    stem = f"paper_{now.strftime('%Y-%m-%d_%H%M%S')}"
+    t_all = time.time()
+    for name in names:
+        for batch in args.batch:
+            print(f"== {name} batch {batch}", flush=True)
+            try:
+                row = run_case(WORKLOADS[name], batch, args, target, dev, torch)
+            except Exception as err:  # noqa: BLE001 - a failing case is a result
+                traceback.print_exc()
+                msg = [ln for ln in str(err).strip().splitlines() if ln.strip() and "^^^" not in ln]
+                row = {"workload": name, "batch": batch, "scheduler": parse_tuner(args.tuner)[0],
+                       "trials": parse_tuner(args.tuner)[1],
+                       "error": f"{type(err).__name__}: {(msg or [''])[-1][:300]}"}
+            for k in KEYS:
+                row.setdefault(k, None)
+            result["cases"].append(row)
+            print("   " + json.dumps({k: row.get(k) for k in KEYS[4:] + ["seconds", "error"] if row.get(k) is not None},
+                                     default=str), flush=True)
+            _write(result, args, stem)  # after every case, so a killed run keeps what it measured
+            if torch is not None:
+                torch.cuda.empty_cache()
+    result["total_s"] = round(time.time() - t_all, 1)
+    result["charts"] = charts(result["cases"], args.out, "paper")
+    _write(result, args, stem)
+    print(table(result["cases"]))
+    print(f"total {result['total_s']} s; wrote {args.out}/paper.json, {stem}.json, paper.md")
+    bad = [r for r in result["cases"] if r.get("error") or r.get("numerics_ok") is False]
+    return 1 if bad else 0
+
+
+def _write(result, args, stem=None):
+    for name in ["paper.json"] + ([f"{stem}.json"] if stem else []):
+        with open(os.path.join(args.out, name), "w") as f:
+            json.dump(result, f, indent=1, default=str)
+    with open(os.path.join(args.out, "paper.md"), "w") as f:
+        f.write(markdown(result))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
