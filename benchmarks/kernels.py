@@ -132,21 +132,28 @@ def default_strategy_takes(case: Case, report) -> bool:
         "contiguity" not in r["reason"] for r in report)
 
 
-def compile_module(mod, target, tuner):
+def compile_module(mod, target, tuner, work_dir=None):
+    """Compile with DLight (``"dlight"``) or MetaSchedule (``"ms:TRIALS"`` trials per task,
+    tensor-core search space on CUDA; the database in ``work_dir`` is shared and re-applied)."""
     if tuner == "dlight":
         return tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
-    trials = int(tuner.split(":")[1])
     from tvm.s_tir import meta_schedule as ms
 
-    work = os.path.join(os.environ.get("VTC_TUNING_DIR", "/tmp/vtc_tuning"))
+    trials = int(tuner.split(":")[1])
+    work = work_dir or os.environ.get("VTC_TUNING_DIR", "/tmp/vtc_tuning")
     os.makedirs(work, exist_ok=True)
+    space = "post-order-apply"
+    if target.kind.name == "cuda":
+        space = ms.space_generator.PostOrderApply(
+            sch_rules="cuda-tensorcore", postprocs="cuda-tensorcore", mutator_probs="cuda-tensorcore")
     with target:
         mod = tvm.transform.Sequential([
             relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
             relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
         ms.relax_integration.tune_relax(
             mod, params={}, target=target, work_dir=work, max_trials_global=trials * 4,
-            max_trials_per_task=trials, builder=ms.builder.LocalBuilder(timeout_sec=120))
+            max_trials_per_task=trials, num_trials_per_iter=min(trials, 32), space=space,
+            builder=ms.builder.LocalBuilder(timeout_sec=120), seed=0)
         mod = relax.transform.MetaScheduleApplyDatabase(work)(mod)
     return tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
 
@@ -214,7 +221,9 @@ def run(cases, target, tuner, dry, gpu_mem_bw=4.3e12, tc_flops=7.9e14):
             row["virtualized"] = bool(report) and all(r["virtual"] for r in report)
             row["default_strategy_takes"] = _default_takes(stock, target)
             row["decisions"] = report
-            exes = {k: compile_module(m, target, tuner) for k, m in
+            work = os.path.join(os.environ.get("VTC_TUNING_DIR", "/tmp/vtc_tuning"),
+                                case.name.replace("/", "_"))
+            exes = {k: compile_module(m, target, tuner, work) for k, m in
                     (("stock", stock), ("alone", alone), ("vtc", vtc))}
             row["tensor_cores"] = _has_tensor_cores(exes["vtc"])
             row["stock_tensor_cores"] = _has_tensor_cores(exes["alone"])

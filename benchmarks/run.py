@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import math
 import os
@@ -346,8 +347,12 @@ def run_case(wl, batch, args, target, dev, torch):
     # Peak memory of one call.
     if gpu:
         row["peak_source"] = "measured: dev.available_global_memory drop over one call (pool growth)"
-        for v in exes:
-            row[f"{v}_peak_mib"] = tvm_peak_mib(exes[v], dev, sets[0])
+        try:
+            for v in exes:
+                row[f"{v}_peak_mib"] = tvm_peak_mib(exes[v], dev, sets[0])
+        except Exception as err:  # noqa: BLE001 - fall back to the plan
+            row["peak_source"] = f"planned (measuring failed: {type(err).__name__}: {str(err)[:100]})"
+            row["stock_peak_mib"], row["vtc_peak_mib"] = row["stock_planned_mib"], row["vtc_planned_mib"]
     else:
         row["peak_source"] = "planned"
         row["stock_peak_mib"], row["vtc_peak_mib"] = row["stock_planned_mib"], row["vtc_planned_mib"]
@@ -369,6 +374,7 @@ def _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch):
     with torch.no_grad():
         out = module(*acts)
         row["torch_rel_err_vs_stock"] = rel_l2(_flat(out), ref)
+        row["torch_numerics_ok"] = bool(row["torch_rel_err_vs_stock"] < 1e-2)
         del out
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -585,6 +591,10 @@ def main(argv=None):
               "target": str(target.kind.name) + (f" {target.arch}" if args.target == "cuda" else ""),
               "tuner": args.tuner, "suite": args.suite, "size": args.size, "repeat": args.repeat,
               "dry": args.dry, "argv": sys.argv[1:] if argv is None else list(argv), "cases": []}
+    if args.target == "cuda":  # one-off import (~15-45 s) that DLight's tensor-core rule would pay in case 1
+        t0 = time.time()
+        importlib.import_module("tvm.s_tir.tensor_intrin")
+        result["tensor_intrin_import_s"] = round(time.time() - t0, 1)
     os.makedirs(args.out, exist_ok=True)
     stem = f"paper_{now.strftime('%Y-%m-%d_%H%M%S')}"
     t_all = time.time()

@@ -679,6 +679,53 @@ def check_case(case: Case):
     return differential(mod, case.make_inputs())
 
 
+def prune(case: Case) -> Case:
+    """Drop bindings and inputs that no output depends on."""
+    needed = set()
+    for o in case.outputs:
+        needed |= set(re.findall(r"\b\w+\b", o))
+    body = []
+    for line in reversed(case.body):
+        name, rhs = line.split(" = ", 1)
+        if name in needed:
+            body.append(line)
+            needed |= set(re.findall(r"\b\w+\b", rhs))
+    inputs = [i for i in case.inputs if i.name in needed]
+    return dataclasses.replace(case, body=body[::-1], inputs=inputs)
+
+
+def reduce_case(case: Case, failure: "VtcFailure", budget_s: float = 60.0):
+    """After hypothesis' shrinking: drop outputs (and what only they need) while the same
+    failure persists. Returns (case, failure)."""
+    t_end = time.time() + budget_s
+
+    def fails(c):
+        try:
+            check_case(c)
+        except VtcFailure as f:
+            return f if f.signature == failure.signature else None
+        except Exception:  # noqa: BLE001 - stock failure, bad candidate
+            return None
+        return None
+
+    cand = prune(case)
+    f = fails(cand) if cand.body != case.body or cand.inputs != case.inputs else None
+    if f is not None:
+        case, failure = cand, f
+    progress = True
+    while progress and time.time() < t_end:
+        progress = False
+        for k in range(len(case.outputs)):
+            if len(case.outputs) == 1:
+                break
+            cand = prune(dataclasses.replace(case, outputs=case.outputs[:k] + case.outputs[k + 1:]))
+            f = fails(cand)
+            if f is not None:
+                case, failure, progress = cand, f, True
+                break
+    return case, failure
+
+
 # ----------------------------------------------------------------------------------------------
 # Regression files
 # ----------------------------------------------------------------------------------------------
@@ -821,6 +868,9 @@ class Campaign:
             self.stats.generated += 1
         else:
             self.stats.shrink_runs += 1
+        if LAST_CASE_FILE:  # a segfault kills the campaign: leave the case behind
+            with open(LAST_CASE_FILE, "w") as f:
+                f.write(case.script())
         try:
             check_case(case)
         except StockFailure:
@@ -863,6 +913,7 @@ class Campaign:
                 _round()
             except VtcFailure:
                 case, failure = self.last_fail
+                case, failure = reduce_case(case, failure)
                 bug = Bug(failure.signature, frozenset(case.ops), case, failure)
                 if self.save:
                     bug.path = save_regression(case, failure)
@@ -883,6 +934,7 @@ class Campaign:
 
 
 START = time.time()
+LAST_CASE_FILE = os.environ.get("VTC_FUZZ_LAST_CASE")
 
 
 def main(argv=None):

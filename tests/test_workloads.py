@@ -28,9 +28,9 @@ def test_stock_and_vtc_agree(name):
     wl = WORKLOADS[name]
     cfg = wl.config("small")
     mod = wl.build(cfg)
-    assert tvm.relax.analysis.well_formed(mod)
+    assert tvm.relax.analysis.well_formed(mod) is not False  # None (no complaint) in TVM 0.27
     inputs = wl.inputs(mod, cfg, seed=7)
-    assert all(np.abs(a).max() > 0 for a in inputs)  # random, never zeros
+    assert all(np.abs(a).max() > 0 for a in inputs if a.size)  # random, never zeros
     variants = compile_variants(mod, "llvm")
     stock = run_vm(variants["stock"][1], tvm.cpu(), inputs)
     vtc = run_vm(variants["vtc"][1], tvm.cpu(), inputs)
@@ -63,7 +63,7 @@ def test_configs_real_sizes():
     assert WORKLOADS["llama_decode"].config("real", 1).ctx == 4096
     assert WORKLOADS["llama_prefill"].config("real", 1).seq == 512
     mod = WORKLOADS["shufflenet_v2"].build(WORKLOADS["shufflenet_v2"].config("real", 1, "float16"))
-    assert [int(d) for d in mod["main"].ret_type.shape] == [1, 1000]
+    assert [int(d) for d in mod["main"].body.ty.shape] == [1, 1000]
 
 
 def test_classify_kernel():

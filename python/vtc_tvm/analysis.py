@@ -226,7 +226,7 @@ def _offset_sources(mapping, rng):
         else:
             arrays.append(None)
     # Index sources: random indices valid for every data source axis they could index.
-    bound = min((min(mapping.source_shape(j)) for j in data), default=1) if data else 1
+    bound = min((min(mapping.source_shape(j), default=1) for j in data), default=1)
     for j, a in enumerate(arrays):
         if a is None:
             arrays[j] = rng.integers(0, max(bound, 1), mapping.source_shape(j)).astype(np.int64)

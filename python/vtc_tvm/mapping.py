@@ -187,6 +187,7 @@ class Mapping:
     # -- algebra -------------------------------------------------------------------------------
     def simplify(self) -> "Mapping":
         ana = self.analyzer()
+        simplify = lambda e: ana.simplify(_split_mods(ana.simplify(e), ana))
         pieces = []
         for p in self.pieces:
             cond = None if p.cond is None else ana.simplify(p.cond)
@@ -195,10 +196,10 @@ class Mapping:
                     continue  # never applies
                 cond = None
             if cond is None:
-                pieces.append(Piece(p.source, tuple(ana.simplify(e) for e in p.indices), None, p.value))
+                pieces.append(Piece(p.source, tuple(simplify(e) for e in p.indices), None, p.value))
                 break  # later pieces are unreachable
             with ana.constraint_scope(cond):
-                idx = tuple(ana.simplify(e) for e in p.indices)
+                idx = tuple(simplify(e) for e in p.indices)
             pieces.append(Piece(p.source, idx, cond, p.value))
         return Mapping(self.shape, self.dtype, self.sources, self.vars, pieces)
 
@@ -282,6 +283,34 @@ class Mapping:
         return "\n".join(lines)
 
 
+def _split_mods(expr, ana):
+    """``(a*c + r) % m`` -> ``(a % (m/c))*c + r`` when c divides m and 0 <= r < c.
+
+    Reshapes composed with reshapes (Swin's window partition at batch > 1) produce this form,
+    which ``tvm.sym.Analyzer`` leaves alone; after the split it simplifies fully.
+    """
+
+    def terms(e):
+        return terms(e.a) + terms(e.b) if isinstance(e, tirx.Add) else [e]
+
+    def on_mod(mod):
+        if not isinstance(mod.b, tirx.IntImm):
+            return mod
+        m, parts = int(mod.b.value), terms(mod.a)
+        for k, t in enumerate(parts):
+            if not (isinstance(t, tirx.Mul) and isinstance(t.b, tirx.IntImm)):
+                continue
+            c = int(t.b.value)
+            rest = parts[:k] + parts[k + 1:]
+            r = sum(rest[1:], rest[0]) if rest else tirx.IntImm(str(mod.ty), 0)
+            bound = ana.const_int_bound(r)
+            if 0 < c and m % c == 0 and bound.min_value >= 0 and bound.max_value < c:
+                return tirx.floormod(t.a, m // c) * t.b + r
+        return mod
+
+    return tvm_ffi.structural_map(expr, (tirx.FloorMod, on_mod), order="post")
+
+
 def _close(pieces):
     """Drop the pieces after the first unconditional one."""
     out = []
@@ -336,6 +365,12 @@ def _eval_np(e, env, bufs):
         return env[e]
     if kind in _BINARY:
         return _BINARY[kind](_eval_np(e.a, env, bufs), _eval_np(e.b, env, bufs))
+    if kind in ("Div", "Mod"):  # C semantics: truncation toward zero
+        a, b = _eval_np(e.a, env, bufs), _eval_np(e.b, env, bufs)
+        if not np.issubdtype(np.result_type(a, b), np.integer):
+            return a / b if kind == "Div" else np.fmod(a, b)
+        quotient = np.sign(a) * np.sign(b) * (np.abs(a) // np.abs(b))
+        return quotient if kind == "Div" else a - b * quotient
     if kind == "Not":
         return np.logical_not(_eval_np(e.a, env, bufs))
     if kind == "Cast":

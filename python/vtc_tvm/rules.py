@@ -307,6 +307,8 @@ def _take(call):
     if axis is None:
         raise Unsupported("take without axis (flattened) is not supported")
     n, mode = in_shape[axis], call.attrs.mode
+    if mode not in ("fast", "clip", "wrap"):
+        raise Unsupported(f"take mode {mode!r}")
 
     def body(v, srcs):
         i = _as_index(tirx.BufferLoad(srcs[1], list(v[axis : axis + idx_rank])))
