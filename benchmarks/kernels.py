@@ -137,6 +137,7 @@ def compile_module(mod, target, tuner, work_dir=None):
     tensor-core search space on CUDA; the database in ``work_dir`` is shared and re-applied)."""
     if tuner == "dlight":
         return tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+    import tvm.s_tir.tensor_intrin  # noqa: F401 - records that tensorize must parse here too
     from tvm.s_tir import meta_schedule as ms
 
     trials = int(tuner.split(":")[1])

@@ -491,14 +491,14 @@ def charts(rows, out_dir, stem) -> list:
     if dm:
         fig, ax = plt.subplots(figsize=(max(8, len(dm) * 1.2), 4.5))
         xs = np.arange(len(dm))
-        for j, v in enumerate(("stock", "vtc")):
-            comp = [r[f"{v}_compute_us"] + r.get(f"{v}_other_us", 0) for r in dm]
-            mov = [r[f"{v}_dm_us"] for r in dm]
+        total = [r["stock_gpu_us"] or 1.0 for r in dm]
+        for j, v in enumerate(("stock", "vtc")):  # GPU time normalised to stock's total: share + reduction
+            comp = [(r[f"{v}_compute_us"] + r.get(f"{v}_other_us", 0)) / t for r, t in zip(dm, total)]
+            mov = [r[f"{v}_dm_us"] / t for r, t in zip(dm, total)]
             ax.bar(xs + j * 0.4, comp, 0.4, label=f"{v} compute", color=("C0", "C2")[j])
             ax.bar(xs + j * 0.4, mov, 0.4, bottom=comp, label=f"{v} data movement", color=("C1", "C3")[j])
-        ax.set_xticks(xs + 0.2, [f"{r['workload']}\nb{r['batch']}" for r in dm], fontsize=7)
-        ax.set_ylabel("GPU kernel time per call (us)")
-        ax.set_yscale("log")
+        ax.set_xticks(xs + 0.2, [f"{r['workload']}\nb{r['batch']}\n{t:.0f} us" for r, t in zip(dm, total)], fontsize=7)
+        ax.set_ylabel("GPU kernel time / stock total (left stock, right vtc)")
         ax.legend(fontsize=7)
         fig.tight_layout()
         made.append(_save(fig, out_dir, f"{stem}_dm_share.png", plt))

@@ -155,6 +155,7 @@ class _Gen:
         self.nb = relax.BlockBuilder()
         self.counter = 0
         self.ops: List[str] = []
+        self.leaves: List[Val] = []   # results that are only ever outputs
 
     # -- helpers -------------------------------------------------------------------------------
     def ints(self, lo, hi):
@@ -198,6 +199,8 @@ class _Gen:
         v = Val(name, shape, kind)
         if add_to_pool and isinstance(ty, relax.TensorType):
             self.pool.append(v)
+        elif kind == "compute":
+            self.leaves.append(v)
         return v
 
     def pick(self, prefer=None, rank_ok=lambda r: True) -> Optional[Val]:
@@ -227,7 +230,8 @@ class _Gen:
             return None
         r = len(x.shape)
         # rank-0 tensors (full reductions, scalar take indices) only reshape / broadcast
-        op = self.choice(MOVEMENT_OPS if r else ("reshape", "expand_dims", "broadcast_to", "flatten"))
+        op = self.choice(MOVEMENT_OPS if r else ("reshape", "expand_dims", "broadcast_to", "flatten",
+                                                  "tile", "permute_dims", "pad"))
         fn = getattr(self, "mv_" + op)
         out = fn(x, r)
         if out is None and r:  # not applicable to this tensor: a permute always is
@@ -400,7 +404,7 @@ class _Gen:
         return out
 
     def mv_broadcast_to(self, x, r):
-        lead = [self.ints(1, 4) for _ in range(self.ints(0, min(2, 5 - r)))]
+        lead = [self.ints(1, 4) for _ in range(self.ints(0, max(0, min(2, 5 - r))))]
         shape = lead + [self.ints(1, 4) if d == 1 else d for d in x.shape]
         return self._mv(x, f"relax.op.broadcast_to({x.name}, {shape})", "broadcast_to")
 
@@ -430,6 +434,34 @@ class _Gen:
             return self._mv(x, f"relax.op.nn.pad({x.name}, {width})", "pad")
         return self._mv(x, f"relax.op.nn.pad({x.name}, {width}, pad_value={value})", "pad")
 
+    def index_input(self, shape, dtype, low, high, any_shape=False) -> Val:
+        """An index tensor: a function input, sometimes seen through a movement op (a virtual
+        index tensor); the values stay in range."""
+        how = self.ints(0, 3) if shape else 0
+        if how == 2 and any_shape and len(shape) > 1:  # permuted input, any shape is fine
+            perm = list(self.draw(st.permutations(list(range(len(shape))))))
+            src = self.new_input([shape[p] for p in perm], dtype, low, high, prefix="i")
+            inv = [perm.index(a) for a in range(len(shape))]
+            v = self.emit(f"relax.op.permute_dims({src.name}, axes={inv})", "move", "permute_dims",
+                          add_to_pool=False)
+            return v
+        src = self.new_input(shape, dtype, low, high, prefix="i")
+        if how == 1 and len(low) == 1:
+            axis = self.ints(0, len(shape) - 1)
+            return self.emit(f"relax.op.flip({src.name}, axis={axis})", "move", "flip", add_to_pool=False)
+        if how == 3 and len(low) == 1:  # concat of two index inputs
+            axis = self.ints(0, len(shape) - 1)
+            cut = self.ints(0, shape[axis])
+            if 0 < cut < shape[axis]:
+                s1, s2 = list(shape), list(shape)
+                s1[axis], s2[axis] = cut, shape[axis] - cut
+                self.inputs.pop()
+                a = self.new_input(s1, dtype, low, high, prefix="i")
+                b = self.new_input(s2, dtype, low, high, prefix="i")
+                return self.emit(f"relax.op.concat([{a.name}, {b.name}], axis={axis})", "move", "concat",
+                                 add_to_pool=False)
+        return src
+
     def mv_take(self, x, r):
         axis = self.ints(0, r - 1)
         n = x.shape[axis]
@@ -442,7 +474,7 @@ class _Gen:
             lo, hi = -2 * n, 2 * n
         irank = self.ints(0, 2)
         ishape = [self.ints(1, 4) for _ in range(irank)]
-        idx = self.new_input(ishape, self.choice(["int64", "int32"]), (lo,), (hi,), prefix="i")
+        idx = self.index_input(ishape, self.choice(["int64", "int32"]), (lo,), (hi,), any_shape=True)
         mode_arg = "" if mode == "fast" and self.coin() else f", mode={mode!r}"
         out = self.emit(f"relax.op.take({x.name}, {idx.name}, axis={self.axis_code(axis, r)}{mode_arg})",
                         "move", "take")
@@ -453,7 +485,7 @@ class _Gen:
     def mv_gather_elements(self, x, r):
         axis = self.ints(0, r - 1)
         ishape = [self.ints(1, 6) if a == axis else self.ints(1, d) for a, d in enumerate(x.shape)]
-        idx = self.new_input(ishape, self.choice(["int64", "int32"]), (0,), (x.shape[axis],), prefix="i")
+        idx = self.index_input(ishape, self.choice(["int64", "int32"]), (0,), (x.shape[axis],))
         out = self.emit(f"relax.op.gather_elements({x.name}, {idx.name}, axis={self.axis_code(axis, r)})",
                         "move", "gather_elements")
         if out is not None:
@@ -467,7 +499,7 @@ class _Gen:
         ishape = list(x.shape[:b]) + [self.ints(1, 3) for _ in range(m)] + [k]
         lows = tuple(0 for _ in range(k))
         highs = tuple(x.shape[b + q] for q in range(k))
-        idx = self.new_input(ishape, "int64", lows, highs, prefix="i")  # Relax: int64 only
+        idx = self.index_input(ishape, "int64", lows, highs)  # Relax: int64 only
         bd = f", batch_dims={b}" if b or self.coin() else ""
         out = self.emit(f"relax.op.gather_nd({x.name}, {idx.name}{bd})", "move", "gather_nd")
         if out is not None:
@@ -497,7 +529,8 @@ class _Gen:
         floaty = self.dtype == "float32"
         ops = ["add", "multiply", "subtract", "relu"]
         if floaty:
-            ops += ["matmul", "matmul", "sum", "max", "mean", "softmax", "conv2d"]
+            ops += ["matmul", "matmul", "sum", "max", "mean", "softmax", "conv2d",
+                    "cumsum", "argmax", "sort", "astype"]
         elif self.dtype == "float16":
             ops += ["max"]
         op = self.choice(ops)
@@ -526,8 +559,21 @@ class _Gen:
             return out
         if op == "relu":
             rhs = f"relax.op.nn.relu({x.name})"
+        elif op == "cumsum":
+            rhs = f"relax.op.cumsum({x.name}, axis={self.axis_code(self.ints(0, r - 1), r)})"
+        elif op == "argmax":
+            rhs = f"relax.op.argmax({x.name}, axis={self.axis_code(self.ints(0, r - 1), r)})"
+        elif op == "sort":
+            rhs = f"relax.op.sort({x.name}, axis={self.axis_code(self.ints(0, r - 1), r)})"
+        elif op == "astype":
+            rhs = f"relax.op.astype({x.name}, 'float64')"
         elif op == "matmul":
-            if r >= 2 and self.coin(0.3):  # x on the right: (M, K) @ x
+            both = [v for v in self.pool if len(v.shape) == 2 and v.shape[0] == x.shape[-1]]
+            if both and self.coin(0.3):  # two (often virtual) operands
+                y = both[self.ints(0, len(both) - 1)]
+                self.use(y)
+                rhs = f"relax.op.matmul({x.name}, {y.name})"
+            elif r >= 2 and self.coin(0.3):  # x on the right: (M, K) @ x
                 a = self.new_input((self.ints(1, 8), x.shape[-2]), prefix="w")
                 rhs = f"relax.op.matmul({a.name}, {x.name})"
             else:
@@ -554,7 +600,8 @@ class _Gen:
                 wt = self.new_input((self.ints(1, 4), c, kh, kw), prefix="w")
                 stride = self.ints(1, 2)
                 rhs = f"relax.op.nn.conv2d({x.name}, {wt.name}, strides={stride}, padding={pad})"
-        out = self.emit(rhs, "compute", op)
+        # argmax / astype change the dtype: leaves only (outputs), never reused
+        out = self.emit(rhs, "compute", op, add_to_pool=op not in ("argmax", "astype"))
         if out is not None:
             self.use(x)
         return out
@@ -577,6 +624,7 @@ def graphs(draw, max_ops: int = 8) -> Case:
             g.compute()
     produced = [v for v in g.pool if v.kind != "input"]
     assume(produced)
+    produced += [v for v in g.leaves]
     outs = [v for v in produced if v.uses == 0]
     extra = [v for v in produced if v.uses > 0 and g.coin(0.15)]  # a used value also returned
     outs = [v.name for v in produced if v in outs or v in extra]
@@ -888,6 +936,8 @@ class Campaign:
                 if not self.shrinking:
                     known.hits += 1
                 return
+            if self.shrinking and failure.signature != self.last_fail[1].signature:
+                return  # shrinking must not slip to another bug (it is found in a later round)
             self.shrinking = True
             self.last_fail = (case, failure)
             raise
