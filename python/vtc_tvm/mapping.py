@@ -187,7 +187,7 @@ class Mapping:
     # -- algebra -------------------------------------------------------------------------------
     def simplify(self) -> "Mapping":
         ana = self.analyzer()
-        simplify = lambda e: ana.simplify(_split_mods(ana.simplify(e), ana))
+        simplify = lambda e: lowering_safe(ana.simplify(_split_mods(ana.simplify(e), ana)))
         pieces = []
         for p in self.pieces:
             cond = None if p.cond is None else ana.simplify(p.cond)
@@ -261,7 +261,7 @@ class Mapping:
         ]
         out = te.compute(
             [_i64(s) for s in self.shape],
-            lambda *v: self.load(v, lambda j, idx: placeholders[j](*idx)),
+            lambda *v: self.load(v, lambda j, idx: placeholders[j](*[lowering_safe(i) for i in idx])),
             name=name,
         )
         return te.create_prim_func(placeholders + [out]).without_attr("global_symbol")
@@ -309,6 +309,41 @@ def _split_mods(expr, ana):
         return mod
 
     return tvm_ffi.structural_map(expr, (tirx.FloorMod, on_mod), order="post")
+
+
+def lowering_safe(expr):
+    """Rewrite ``(c - y) // d`` and ``(c - y) % d`` so the numerator cannot go negative.
+
+    TVM 0.27 miscompiles a floordiv whose numerator is ``constant - iterator`` on LLVM:
+    ``B[v] = A[(3 - v) // 2]`` reads ``A[(2 - v) // 2]`` (found by our differential fuzzer with
+    flip over repeat). With ``c = q*d + r``: ``(c - y) // d == q - (y + d-1-r) // d`` and
+    ``(c - y) % d == d-1 - (y + d-1-r) % d``, which lower correctly.
+    """
+
+    def split(e):
+        if isinstance(e.a, tirx.Sub) and isinstance(e.a.a, tirx.IntImm) and isinstance(e.b, tirx.IntImm):
+            c, d = int(e.a.a.value), int(e.b.value)
+            if d > 0:
+                q, r = divmod(c, d)
+                shifted = e.a.b + tirx.IntImm(str(e.ty), d - 1 - r)
+                return q, d, shifted
+        return None
+
+    def on_div(e):
+        parts = split(e)
+        if parts is None:
+            return e
+        q, d, shifted = parts
+        return tirx.IntImm(str(e.ty), q) - tirx.floordiv(shifted, d)
+
+    def on_mod(e):
+        parts = split(e)
+        if parts is None:
+            return e
+        _, d, shifted = parts
+        return tirx.IntImm(str(e.ty), d - 1) - tirx.floormod(shifted, d)
+
+    return tvm_ffi.structural_map(expr, [(tirx.FloorDiv, on_div), (tirx.FloorMod, on_mod)], order="post")
 
 
 def _close(pieces):

@@ -18,7 +18,7 @@ from tvm.ir import Range, TensorLoad
 from tvm.s_tir import SBlock
 from tvm.s_tir.analysis import get_sblock_read_write_region
 
-from .mapping import Mapping, new_buffer
+from .mapping import Mapping, lowering_safe, new_buffer
 
 MAPPING_ATTR = "vtc.virtual_inputs"
 
@@ -73,7 +73,7 @@ def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name
         dtype = str(load.indices[0].ty) if len(load.indices) else "int64"
         value = mapping.load(list(load.indices), lambda j, idx: tirx.BufferLoad(
             sources[j], [_cast(ana.simplify(i), dtype) for i in idx]))
-        return ana.simplify(value)
+        return lowering_safe(ana.simplify(value))
 
     body = tvm_ffi.structural_map(func.body, (TensorLoad, on_load), order="post")
     params = list(func.params[:param_index]) + sources + list(func.params[param_index + 1 :])

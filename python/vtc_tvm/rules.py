@@ -263,6 +263,8 @@ def _pad(call):
 
     def body(v, srcs):
         inside = [tirx.all(lo <= vi, vi < lo + d) for vi, lo, d in zip(v, before, in_shape)]
+        if not inside:  # a 0-d tensor has nothing to pad
+            return Piece(0, [])
         return [Piece(0, [vi - lo for vi, lo in zip(v, before)], tirx.all(*inside)),
                 Piece(None, value=tirx.const(value, dtype_of(x)))]
 
