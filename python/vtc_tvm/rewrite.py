@@ -55,8 +55,10 @@ def check_read_only(func: tirx.PrimFunc, param) -> None:
         raise NotRewritable(f"parameter {param.name} is never loaded")
 
 
-def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name: Optional[str] = None):
-    """Return ``func`` with parameter ``param_index`` replaced by the mapping's sources."""
+def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name: Optional[str] = None,
+                   normalize: bool = True):
+    """Return ``func`` with parameter ``param_index`` replaced by the mapping's sources
+    (and, with ``normalize``, reduction axes split where the mapping divides them)."""
     param = func.params[param_index]
     if tuple(int(d) for d in param.shape) != mapping.shape:
         raise NotRewritable(f"parameter {param.name} has shape {list(param.shape)}, mapping {list(mapping.shape)}")
@@ -85,7 +87,7 @@ def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name
     new = new.with_attr(MAPPING_ATTR, recorded)
     if "op_pattern" in attrs:  # the pattern may change (e.g. a gather makes it opaque)
         new = new.without_attr("op_pattern")
-    return normalize_loops(new), sources
+    return (normalize_loops(new) if normalize else new), sources
 
 
 def redirect_output(func: tirx.PrimFunc, dest_shape, offsets, name="dest") -> tirx.PrimFunc:
@@ -200,25 +202,33 @@ def _dlight_rule(func: tirx.PrimFunc, target) -> int:
     return len(_dlight_rules())
 
 
-def check_schedulable(original: tirx.PrimFunc, func: tirx.PrimFunc, target) -> None:
-    """On a GPU target, the rewritten consumer must schedule with the same DLight rule as the
-    original: a matmul whose mapped loads push it from Matmul to Fallback loses its tiling (and
-    tensor cores) and runs far slower than the copy it saved (seen on the H200 for concat and
-    gather reads)."""
+def best_schedulable(original: tirx.PrimFunc, candidates, target) -> tirx.PrimFunc:
+    """The candidate rewrite that DLight schedules with the most specialised rule, provided that
+    rule is at least as specialised as the original's (on non-GPU targets: the first candidate).
+
+    A matmul whose mapped loads push it from Matmul to Fallback loses its tiling and tensor cores
+    and runs far slower than the copy it saved (seen on the H200 for concat and gather reads);
+    which form of a GQA read DLight accepts depends on the shape (Matmul for the split axis at
+    batch 16, Reduction for the plain floordiv at batch 1), hence several candidates.
+    """
     if target is None or "gpu" not in target.keys:
-        return
+        return candidates[0]
+    names = [type(r).__name__ for r in _dlight_rules()] + ["none"]
     with target:
         before = _dlight_rule(original, target)
-        try:
-            after = _dlight_rule(func, target)
-        except Exception as err:  # noqa: BLE001 - any scheduling failure means: keep the copy
-            lines = [ln for ln in str(err).splitlines() if ln.strip()]
-            raise NotRewritable("DLight cannot schedule the rewritten consumer: "
-                                f"{lines[-1][:200] if lines else type(err).__name__}") from None
-    if after > before:
-        names = [type(r).__name__ for r in _dlight_rules()] + ["none"]
-        raise NotRewritable(f"DLight would schedule the rewritten consumer with {names[after]} "
-                            f"instead of {names[before]}")
+        ranked, failures = [], []
+        for k, func in enumerate(candidates):
+            try:
+                ranked.append((_dlight_rule(func, target), k))
+            except Exception as err:  # noqa: BLE001 - a scheduling failure rules the form out
+                lines = [ln for ln in str(err).splitlines() if ln.strip()]
+                failures.append(lines[-1][:200] if lines else type(err).__name__)
+    if ranked and min(ranked)[0] <= before:
+        return candidates[min(ranked)[1]]
+    if ranked:
+        raise NotRewritable(f"DLight would schedule the rewritten consumer with "
+                            f"{names[min(ranked)[0]]} instead of {names[before]}")
+    raise NotRewritable(f"DLight cannot schedule the rewritten consumer: {failures[0]}")
 
 
 # -- loop normalisation -------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .analysis import index_copy_mapping
 from .mapping import Mapping
-from .rewrite import NotRewritable, check_schedulable, redirect_output
+from .rewrite import NotRewritable, best_schedulable, redirect_output
 
 logger = logging.getLogger("vtc_tvm")
 CALL_TIR = Op.get("relax.call_tir")
@@ -126,8 +126,8 @@ class _StoreRewriter(PyExprMutator):
         call = binding.value
         func = self.mod[call.args[0]]
         try:
-            into = redirect_output(func, [int(d) for d in concat.ty.shape], offsets, concat.name)
-            check_schedulable(func, into, self.target)
+            into = best_schedulable(func, [redirect_output(
+                func, [int(d) for d in concat.ty.shape], offsets, concat.name)], self.target)
         except NotRewritable as err:
             self._log(binding.var, concat, False, str(err))
             return False

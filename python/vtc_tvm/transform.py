@@ -24,7 +24,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .analysis import contiguity, index_copy_mapping, op_pattern
 from .mapping import VirtualTensor
-from .rewrite import NotRewritable, check_schedulable, inline_mapping
+from .rewrite import NotRewritable, best_schedulable, inline_mapping
 from .rules import Unsupported, get_rule
 from .strategy import get_strategy
 
@@ -204,9 +204,9 @@ class _VirtualTensorizer(PyExprMutator):
             decision = self.strategy(vt.mapping, self._contiguity_of(vt), pattern)
             if decision.take:
                 try:
-                    rewritten, _ = inline_mapping(func, len(new_args), vt.mapping, name=arg.name)
-                    check_schedulable(func, rewritten, self.target)
-                    func = rewritten
+                    forms = [inline_mapping(func, len(new_args), vt.mapping, name=arg.name,
+                                            normalize=normalize)[0] for normalize in (True, False)]
+                    func = best_schedulable(func, forms, self.target)
                 except NotRewritable as err:
                     decision = type(decision)(False, str(err))
             self._log(arg, name, decision.take, decision.reason)
