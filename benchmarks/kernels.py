@@ -289,15 +289,18 @@ def _fmt(row):
 
 
 def markdown(rows) -> str:
-    lines = ["| consumer | mapping | scheduler | stock copy us | stock consumer us | vtc consumer us | "
-             "vtc / consumer | floor us | default takes | tensor cores | rel err |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    """One row per pair. ``vtc us`` is the whole vtc module: where the edge is not taken
+    (virtualized: no) it still contains the copy kernel, so it compares with copy + consumer."""
+    lines = ["| consumer | mapping | scheduler | virtualized | stock copy us | stock consumer us | "
+             "vtc us | vtc / consumer | floor us | default takes | tensor cores | rel err |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "vtc_consumer_us" not in r:
-            lines.append(f"| {r['consumer']} | {r['mapping']} | {r['scheduler']} | {r.get('error', 'not run')} ||||||||")
+            lines.append(f"| {r['consumer']} | {r['mapping']} | {r['scheduler']} | | {r.get('error', 'not run')} ||||||||")
             continue
         lines.append(
-            f"| {r['consumer']} | {r['mapping']} | {r['scheduler']} | {r['stock_copy_us']:.1f} | "
+            f"| {r['consumer']} | {r['mapping']} | {r['scheduler']} | "
+            f"{'yes' if r.get('virtualized', True) else 'no'} | {r['stock_copy_us']:.1f} | "
             f"{r['stock_consumer_us']:.1f} | {r['vtc_consumer_us']:.1f} | "
             f"{r['vtc_consumer_us'] / r['stock_consumer_us']:.2f} | {r['floor_us']:.1f} | "
             f"{'yes' if r['default_strategy_takes'] else 'no'} | {'yes' if r['tensor_cores'] else 'no'} | "
