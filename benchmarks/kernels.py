@@ -34,6 +34,7 @@ from tvm.relax import op as R
 
 import vtc_tvm
 from vtc_tvm.pipeline import cuda_target
+from vtc_tvm.report import uses_tensor_cores
 
 F16 = "float16"
 
@@ -196,20 +197,6 @@ def _gpu_kernel_us(ex, dev, input_sets, iters=50):
     return times
 
 
-def _has_tensor_cores(ex) -> bool:
-    def find(m):
-        if m.kind == "cuda":
-            return m
-        for sub in m.imports:
-            r = find(sub)
-            if r is not None:
-                return r
-
-    cuda = find(ex.mod)
-    src = cuda.inspect_source() if cuda is not None else ""
-    return any(k in src for k in ("wmma", "mma.sync", "wgmma", "ldmatrix"))
-
-
 def run(cases, target, tuner, dry, gpu_mem_bw=4.3e12, tc_flops=7.9e14):
     rows = []
     dev = tvm.cuda(0) if not dry else None
@@ -228,8 +215,8 @@ def run(cases, target, tuner, dry, gpu_mem_bw=4.3e12, tc_flops=7.9e14):
                                 case.name.replace("/", "_"))
             exes = {k: compile_module(m, target, tuner, work) for k, m in
                     (("stock", stock), ("alone", alone), ("vtc", vtc))}
-            row["tensor_cores"] = _has_tensor_cores(exes["vtc"])
-            row["stock_tensor_cores"] = _has_tensor_cores(exes["alone"])
+            row["tensor_cores"] = uses_tensor_cores(exes["vtc"])
+            row["stock_tensor_cores"] = uses_tensor_cores(exes["alone"])
             if not dry:
                 inputs = [_random(stock, rng) for _ in range(3)]
                 outs = {}

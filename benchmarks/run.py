@@ -39,7 +39,7 @@ from tvm import relax
 import vtc_tvm  # noqa: F401  (registers the pass)
 from vtc_tvm.analysis import is_data_movement
 from vtc_tvm.pipeline import cuda_target, fusion_passes, vtc_pipeline
-from vtc_tvm.report import kernel_census
+from vtc_tvm.report import kernel_census, uses_tensor_cores
 from vtc_tvm.transform import VirtualTensorize
 
 from .workloads import WORKLOADS, load_torch, torch_module
@@ -301,8 +301,8 @@ def run_case(wl, batch, args, target, dev, torch):
         row[f"{variant}_dm_kernels"] = census["data_movement"]
         row[f"{variant}_planned_mib"] = census["planned_bytes"] / MIB
         fused[variant] = kernel_classes(fused_module(mod, target, variant))
-    row["vtc_tensor_cores"] = _has_tensor_cores(exes["vtc"]) if gpu else None
-    row["stock_tensor_cores"] = _has_tensor_cores(exes["stock"]) if gpu else None
+    row["vtc_tensor_cores"] = uses_tensor_cores(exes["vtc"]) if gpu else None
+    row["stock_tensor_cores"] = uses_tensor_cores(exes["stock"]) if gpu else None
     if args.dry:
         row["peak_source"] = "planned"
         row["stock_peak_mib"], row["vtc_peak_mib"] = row["stock_planned_mib"], row["vtc_planned_mib"]
@@ -397,20 +397,6 @@ def _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch):
             row[f"{key}_rel_err_vs_stock"] = rel_l2(_flat(compiled(*acts)), ref)
     del module, act_sets, acts
     torch.cuda.empty_cache()
-
-
-def _has_tensor_cores(ex) -> bool:
-    def find(m):
-        if m.kind == "cuda":
-            return m
-        for sub in m.imports:
-            r = find(sub)
-            if r is not None:
-                return r
-
-    cuda = find(ex.mod)
-    src = cuda.inspect_source() if cuda is not None else ""
-    return any(k in src for k in ("wmma", "mma.sync", "wgmma", "ldmatrix"))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -783,71 +783,24 @@ _REGRESSION_TEMPLATE = '''\
 Found by tests/fuzz.py:
 {detail}
 
-Run: python {relpath}   or   pytest {relpath}
+Run: pytest tests/test_fuzz.py -k {name}   (tests/test_fuzz.py runs every saved case)
 """
 
-import numpy as np
-import tvm
 from tvm import relax
 
-import vtc_tvm
-
-{script}
-
-def make_inputs():
-    rng = np.random.default_rng(DATA_SEED)
-    arrays = []
-    for _name, shape, dtype, low, high in INPUTS:
-        if low is not None:
-            if len(low) == 1:
-                a = rng.integers(low[0], high[0], size=shape)
-            else:
-                a = np.stack([rng.integers(lo, hi, size=shape[:-1]) for lo, hi in zip(low, high)], axis=-1)
-            arrays.append(np.asarray(a, dtype=dtype).reshape(shape))
-        elif dtype.startswith("int"):
-            arrays.append(rng.integers(-5, 6, size=shape).astype(dtype))
-        else:
-            arrays.append(rng.standard_normal(size=shape).astype(dtype))
-    return arrays
+{script}'''
 
 
-def run(mod, arrays):
-    pipeline = relax.get_default_pipeline(tvm.target.Target("llvm"))
-    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm", relax_pipeline=pipeline), tvm.cpu())
-    out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
-    return [o.numpy() for o in (list(out) if not isinstance(out, tvm.runtime.Tensor) else [out])]
-
-
-def test_case(strategy={strategy!r}):
-    mod, arrays = build(), make_inputs()
-    expected = run(mod, arrays)
-    new = vtc_tvm.VirtualTensorize(strategy=strategy)(mod)
-    assert relax.analysis.check_well_formed(new)
-    got = run(new, arrays)
-    assert len(got) == len(expected)
-    for e, g in zip(expected, got):
-        assert e.shape == g.shape and e.dtype == g.dtype
-        if e.dtype.kind in "iub":
-            np.testing.assert_array_equal(g, e)
-        else:
-            tol = 1e-3 if e.dtype == np.float16 else 1e-6
-            np.testing.assert_allclose(g, e, rtol=tol, atol=tol)
-
-
-if __name__ == "__main__":
-    print(build().script())
-    for s in ("contiguity", "all"):
-        test_case(s)
-        print("strategy", s, "ok")
-'''
+def check_regression(module, strategy: str):
+    """Run a saved regression file (its ``build``, ``INPUTS`` and ``DATA_SEED``)."""
+    differential(module.build(), make_inputs(module.INPUTS, module.DATA_SEED), strategies=(strategy,))
 
 
 def regression_source(case: Case, failure: VtcFailure, path: str) -> str:
     detail = textwrap.indent(textwrap.shorten(str(failure), 1500, placeholder=" ..."), "    ")
-    rel = os.path.relpath(path, os.path.dirname(os.path.dirname(REGRESSION_DIR)))
     return _REGRESSION_TEMPLATE.format(kind=failure.kind, strategy=failure.strategy,
                                        ops=", ".join(sorted(set(case.ops))), detail=detail,
-                                       script=case.script(), relpath=rel)
+                                       script=case.script(), name=os.path.basename(path)[:-3])
 
 
 def save_regression(case: Case, failure: VtcFailure) -> str:

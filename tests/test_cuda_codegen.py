@@ -7,6 +7,8 @@ import tvm
 from tvm.script import ir as I, relax as R
 from tvm.support import nvcc
 
+from vtc_tvm.report import device_source
+
 
 @I.ir_module
 class TransposeMatmulAdd:
@@ -23,17 +25,6 @@ class TransposeMatmulAdd:
         return y
 
 
-def _find_module(mod, kind):
-    """Depth-first search of the import tree (VM executable -> llvm host -> cuda device)."""
-    if mod.kind == kind:
-        return mod
-    for sub in mod.imports:
-        found = _find_module(sub, kind)
-        if found is not None:
-            return found
-    return None
-
-
 @pytest.fixture(scope="module")
 def cuda_target():
     # A tag, not "cuda": plain "cuda" silently falls back to sm_50.
@@ -43,9 +34,9 @@ def cuda_target():
 @pytest.fixture(scope="module")
 def cuda_source(cuda_target):
     ex = tvm.compile(TransposeMatmulAdd, target=cuda_target)
-    cuda = _find_module(ex.mod, "cuda")
-    assert cuda is not None, "no cuda module among the executable's imports"
-    return cuda.inspect_source()
+    source = device_source(ex, "cuda")
+    assert source, "no cuda module among the executable's imports"
+    return source
 
 
 def test_cuda_source_generated(cuda_source):

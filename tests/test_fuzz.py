@@ -11,7 +11,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, assume, given, note, settings
 
-from .fuzz import REGRESSION_DIR, StockFailure, VtcFailure, check_case, describe, graphs
+from .fuzz import (REGRESSION_DIR, StockFailure, VtcFailure, check_case, check_regression, describe,
+                   graphs)
 
 EXAMPLES = int(os.environ.get("VTC_FUZZ_EXAMPLES", "300"))
 
@@ -40,4 +41,4 @@ def test_fuzz_regression(path, strategy):
     spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.test_case(strategy)
+    check_regression(module, strategy)

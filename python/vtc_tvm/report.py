@@ -88,6 +88,25 @@ def compile_variants(mod: tvm.IRModule, target, **options) -> dict:
     }
 
 
+def device_source(ex, kind: str = "cuda") -> str:
+    """Generated device source of an executable ("" if there is none): the import tree goes
+    VM executable -> llvm host module -> device module."""
+
+    def find(m):
+        if m.kind == kind:
+            return m
+        return next((r for r in map(find, m.imports) if r is not None), None)
+
+    found = find(ex.mod)
+    return found.inspect_source() if found is not None else ""
+
+
+def uses_tensor_cores(ex) -> bool:
+    """Whether the CUDA code issues matrix instructions (WMMA / MMA / WGMMA)."""
+    src = device_source(ex, "cuda")
+    return any(k in src for k in ("wmma", "mma.sync", "wgmma", "ldmatrix"))
+
+
 def run_vm(ex, dev, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Run ``main`` once; the (possibly nested tuple) result flattened to numpy arrays."""
     out = relax.VirtualMachine(ex, dev)["main"](*[tvm.runtime.tensor(a, dev) for a in inputs])
