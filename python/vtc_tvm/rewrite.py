@@ -90,33 +90,42 @@ def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name
     return (normalize_loops(new) if normalize else new), sources
 
 
-def redirect_output(func: tirx.PrimFunc, dest_shape, offsets, name="dest") -> tirx.PrimFunc:
-    """Store side: make ``func`` write its output (the last parameter) into a larger buffer.
+def redirect_output(func: tirx.PrimFunc, dest_shape, store_index, name="dest",
+                    extra_params=()) -> tirx.PrimFunc:
+    """Store side: make ``func`` write its output (the last parameter) into another buffer.
 
-    Every access ``out[i]`` becomes ``dest[i + offsets]`` (a concat slice, a cache row); the rest
-    of ``dest`` is left as it is, so the same PrimFunc serves ``call_tir`` (fresh ``dest``) and
-    ``call_tir_inplace`` (``dest`` passed in and updated).
+    Every access ``out[i]`` becomes ``dest[store_index(i)]``: a concat slice (``i + offset``), a
+    cache row, or an indirect position read from one of ``extra_params`` (scatter indices, which
+    become parameters before ``dest``). The rest of ``dest`` is left as it is, so the PrimFunc
+    serves ``call_tir`` (fresh ``dest``) and ``call_tir_inplace`` (``dest`` passed in, updated).
     """
     out = func.params[-1]
-    if len(offsets) != len(out.shape) or len(dest_shape) != len(out.shape):
-        raise NotRewritable("rank mismatch between the output and its destination")
     dest = new_buffer(dest_shape, out.dtype, name)
-    shift = lambda idx: [i + _cast(tirx.IntImm("int64", o), str(i.ty)) if o else i
-                         for i, o in zip(idx, offsets)]
+
+    def moved(idx):
+        new = list(store_index(list(idx)))
+        if len(new) != len(dest_shape):
+            raise NotRewritable("the store index does not match the destination's rank")
+        return [_cast(e, str(idx[0].ty)) if idx else e for e in new]
 
     def on_store(store):
         if store.buffer.same_as(out):
-            return tirx.BufferStore(dest, store.value, shift(store.indices))
+            return tirx.BufferStore(dest, store.value, moved(store.indices))
         return store
 
     def on_load(load):
-        return tirx.BufferLoad(dest, shift(load.indices)) if load.source.same_as(out) else load
+        return tirx.BufferLoad(dest, moved(load.indices)) if load.source.same_as(out) else load
 
     body = tvm_ffi.structural_map(func.body, [(tirx.BufferStore, on_store), (TensorLoad, on_load)],
                                   order="post")
-    params = list(func.params[:-1]) + [dest]
+    params = list(func.params[:-1]) + list(extra_params) + [dest]
     body = _refresh_regions(body, params, touched={dest})
     return tirx.PrimFunc(params, body, ret_type=func.ret_type, attrs=func.attrs)
+
+
+def offset_index(offsets):
+    """The store index of a slice at constant ``offsets`` (a concat input)."""
+    return lambda idx: [i + o if o else i for i, o in zip(idx, offsets)]
 
 
 def _cast(e, dtype):
@@ -200,6 +209,19 @@ def _dlight_rule(func: tirx.PrimFunc, target) -> int:
         if rule.apply(func, target, False) is not None:
             return i
     return len(_dlight_rules())
+
+
+def check_schedulable(func: tirx.PrimFunc, target) -> None:
+    """On a GPU target, raise :class:`NotRewritable` unless DLight's default rules schedule
+    ``func`` (a kernel of ours with no stock counterpart to compare with)."""
+    if target is None or "gpu" not in target.keys:
+        return
+    try:
+        with target:
+            _dlight_rule(func, target)
+    except Exception as err:  # noqa: BLE001 - any failure means: do not use this kernel
+        lines = [ln for ln in str(err).splitlines() if ln.strip()]
+        raise NotRewritable(f"DLight cannot schedule the kernel: {lines[-1][:200] if lines else type(err).__name__}") from None
 
 
 def best_schedulable(original: tirx.PrimFunc, candidates, target) -> tirx.PrimFunc:

@@ -29,7 +29,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .analysis import index_copy_mapping
 from .mapping import Mapping
-from .rewrite import NotRewritable, best_schedulable, redirect_output
+from .rewrite import NotRewritable, best_schedulable, offset_index, redirect_output
 
 logger = logging.getLogger("vtc_tvm")
 CALL_TIR = Op.get("relax.call_tir")
@@ -127,7 +127,7 @@ class _StoreRewriter(PyExprMutator):
         func = self.mod[call.args[0]]
         try:
             into = best_schedulable(func, [redirect_output(
-                func, [int(d) for d in concat.ty.shape], offsets, concat.name)], self.target)
+                func, [int(d) for d in concat.ty.shape], offset_index(offsets), concat.name)], self.target)
         except NotRewritable as err:
             self._log(binding.var, concat, False, str(err))
             return False
@@ -151,7 +151,8 @@ class _StoreRewriter(PyExprMutator):
             if s in self.redirected:
                 continue
             copy = Mapping.identity([int(d) for d in s.ty.shape], str(s.ty.dtype)).to_prim_func("vtc_copy_into")
-            gv = self.builder_.add_func(redirect_output(copy, shape, off, binding.var.name), "vtc_copy_into")
+            gv = self.builder_.add_func(redirect_output(copy, shape, offset_index(off), binding.var.name),
+                                        "vtc_copy_into")
             cur = self.builder_.emit(relax.call_tir_inplace(gv, [self.visit_expr(s), cur], [1],
                                                             out_ty=binding.var.ty), name_hint=f"{binding.var.name}_part")
         self.builder_.emit_normalized(relax.VarBinding(binding.var, cur))

@@ -22,9 +22,10 @@ from tvm import relax, tirx
 from tvm.ir import Op
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
+from . import inplace as inplace_updates
 from .analysis import contiguity, index_copy_mapping, op_pattern
 from .mapping import VirtualTensor
-from .rewrite import NotRewritable, best_schedulable, inline_mapping
+from .rewrite import NotRewritable, best_schedulable, check_schedulable, inline_mapping
 from .rules import Unsupported, get_rule
 from .strategy import get_strategy
 
@@ -39,9 +40,10 @@ _OWN_COPY_OPS = {"relax.nn.pixel_shuffle"}
 
 @mutator
 class _VirtualTensorizer(PyExprMutator):
-    def __init__(self, mod, strategy, ops, report, target):
+    def __init__(self, mod, strategy, ops, report, target, inplace=()):
         super().__init__(mod)
         self.target = target
+        self.inplace = set(inplace)
         self.mod = mod
         self.strategy = strategy
         self.ops = ops
@@ -55,6 +57,7 @@ class _VirtualTensorizer(PyExprMutator):
             # Primitive functions are FuseOps groups: their bodies belong to FuseTIR.
             if isinstance(func, relax.Function) and not (func.attrs and func.attrs.get("Primitive")):
                 self.virtual = {}
+                self.uses = _use_counts(func)
                 self.builder_.update_func(gv, self.visit_expr(func))
         return self.builder_.get()
 
@@ -113,6 +116,8 @@ class _VirtualTensorizer(PyExprMutator):
     # -- rewrite -------------------------------------------------------------------------------
     def visit_var_binding_(self, binding):
         value = binding.value
+        if self.inplace and self._update_in_place(binding):
+            return
         vt = self._movement(binding.var, value)
         if vt is not None:
             if isinstance(vt, list):
@@ -131,6 +136,31 @@ class _VirtualTensorizer(PyExprMutator):
                 self._emit_same_var(binding, new_value)
                 return
         super().visit_var_binding_(binding)
+
+    def _update_in_place(self, binding) -> bool:
+        """scatter/slice_scatter into a parameter the caller lets us update: write the updates
+        only (see :mod:`vtc_tvm.inplace`)."""
+        call = binding.value
+        if not (isinstance(call, relax.Call) and call.args and isinstance(call.args[0], relax.Var)):
+            return False
+        cache = call.args[0]
+        if cache.name not in self.inplace or not isinstance(call.op, Op) \
+                or call.op.name not in inplace_updates.updatable_ops():
+            return False
+        if self.uses.get(cache, 0) != 1:
+            self._log(cache, call.op.name, False, "in-place update refused: the parameter is read elsewhere")
+            return False
+        try:
+            kernel, args, at = inplace_updates.inplace_update(call, cache.name)
+            check_schedulable(kernel, self.target)
+        except (Unsupported, NotRewritable) as err:
+            self._log(cache, call.op.name, False, f"in-place update refused: {err}")
+            return False
+        gv = self.builder_.add_func(kernel, f"{call.op.name.split('.')[-1]}_inplace")
+        self._emit_same_var(binding, relax.call_tir_inplace(
+            gv, [self.visit_expr(a) for a in args], [at], out_ty=binding.var.ty))
+        self._log(cache, call.op.name, True, "updated in place: only the new elements are written")
+        return True
 
     def _materialise_directly(self, value, vt, composed) -> bool:
         """If this movement op stays, should it copy from the physical sources in one kernel?"""
@@ -227,6 +257,17 @@ class _VirtualTensorizer(PyExprMutator):
         return self._contiguity[key]
 
 
+def _use_counts(func) -> dict:
+    counts = {}
+
+    def visit(e):
+        if isinstance(e, relax.Var):
+            counts[e] = counts.get(e, 0) + 1
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return counts
+
+
 def _tensor_args(call):
     args = call.args[1].fields if call.op.same_as(CALL_TIR) and isinstance(call.args[1], relax.Tuple) \
         else call.args
@@ -238,6 +279,7 @@ def VirtualTensorize(
     ops: Optional[Sequence[str]] = None,
     report: Optional[list] = None,
     target: Optional[Union[str, dict, tvm.target.Target]] = None,
+    inplace: Sequence[str] = (),
 ) -> tvm.transform.Pass:
     """Eliminate data-movement ops by making their outputs virtual tensors.
 
@@ -255,6 +297,11 @@ def VirtualTensorize(
         The compilation target. For GPU targets every rewritten consumer is checked to still
         schedule with DLight's default rules; an edge that would not stays physical.
         Defaults to ``Target.current()``.
+    inplace : names of function parameters, optional
+        Parameters the caller allows to be updated in place (KV caches): ``scatter_nd``,
+        ``scatter_elements`` and ``slice_scatter`` into them write only the new elements
+        instead of copying the whole tensor. This changes the calling convention, so it is off
+        by default.
     """
     choose = get_strategy(strategy)
     allowed = None if ops is None else set(ops)
@@ -263,7 +310,7 @@ def VirtualTensorize(
     def _virtual_tensorize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         decisions = report if report is not None else []
         tgt = tvm.target.Target(target) if target is not None else tvm.target.Target.current(allow_none=True)
-        mod = _VirtualTensorizer(mod, choose, allowed, decisions, tgt).transform()
+        mod = _VirtualTensorizer(mod, choose, allowed, decisions, tgt, inplace).transform()
         return relax.transform.DeadCodeElimination()(mod)
 
     return _virtual_tensorize
