@@ -40,10 +40,14 @@ _OWN_COPY_OPS = {"relax.nn.pixel_shuffle"}
 
 @mutator
 class _VirtualTensorizer(PyExprMutator):
-    def __init__(self, mod, strategy, ops, report, target, inplace=()):
+    def __init__(self, mod, strategy, ops, report, target, inplace=(), physical=frozenset()):
         super().__init__(mod)
         self.target = target
         self.inplace = set(inplace)
+        # Movement results that stay materialised anyway (found by an earlier round): reading
+        # them is cheaper than reading through them, which would keep their sources alive.
+        self.physical = physical
+        self.movement_vars = set()
         self.mod = mod
         self.strategy = strategy
         self.ops = ops
@@ -106,12 +110,17 @@ class _VirtualTensorizer(PyExprMutator):
         j = 0
         while j < len(sources):
             inner = self.virtual.get(sources[j]) if isinstance(sources[j], relax.Var) else None
-            if isinstance(inner, VirtualTensor):
+            if isinstance(inner, VirtualTensor) and self._visible(inner):
                 mapping = mapping.compose(j, inner.mapping)
                 sources = sources[:j] + sources[j + 1 :] + list(inner.sources)
             else:
                 j += 1
         return VirtualTensor(mapping, sources)
+
+    def _visible(self, vt: VirtualTensor) -> bool:
+        """Outside a dataflow block, a dataflow block's internal tensors cannot be read."""
+        return self.builder_.current_block_is_dataflow() or not any(
+            isinstance(s, relax.DataflowVar) for s in vt.sources)
 
     # -- rewrite -------------------------------------------------------------------------------
     def visit_var_binding_(self, binding):
@@ -120,14 +129,13 @@ class _VirtualTensorizer(PyExprMutator):
             return
         vt = self._movement(binding.var, value)
         if vt is not None:
-            if isinstance(vt, list):
-                self.virtual[binding.var] = [self._compose(v) for v in vt]
-            else:
-                composed = self._compose(vt)
+            self.movement_vars.add(binding.var)
+            composed = [self._compose(v) for v in vt] if isinstance(vt, list) else self._compose(vt)
+            if binding.var not in self.physical:  # consumers read through it
                 self.virtual[binding.var] = composed
-                if self._materialise_directly(value, vt, composed):
-                    self._emit_copy(binding, composed)
-                    return
+            if not isinstance(vt, list) and self._materialise_directly(value, vt, composed):
+                self._emit_copy(binding, composed)
+                return
             super().visit_var_binding_(binding)
             return
         if isinstance(value, relax.Call):
@@ -167,7 +175,7 @@ class _VirtualTensorizer(PyExprMutator):
         if not isinstance(value, relax.Call) or value.op.same_as(CALL_TIR):
             return len(composed.sources) != len(vt.sources) or any(
                 not a.same_as(b) for a, b in zip(composed.sources, vt.sources))
-        if value.op.name in _OWN_COPY_OPS:
+        if _op_name(value) in _OWN_COPY_OPS:
             return True
         if value.op.name in _VIEW_OPS:
             return False
@@ -231,6 +239,10 @@ class _VirtualTensorizer(PyExprMutator):
             if not isinstance(vt, VirtualTensor):
                 new_args.append(arg)
                 continue
+            if not self._visible(vt):
+                self._log(arg, name, False, "consumer outside the dataflow block that defines the sources")
+                new_args.append(arg)
+                continue
             decision = self.strategy(vt.mapping, self._contiguity_of(vt), pattern)
             if decision.take:
                 try:
@@ -257,6 +269,22 @@ class _VirtualTensorizer(PyExprMutator):
         return self._contiguity[key]
 
 
+def _op_name(value):
+    return value.op.name if isinstance(value, relax.Call) and isinstance(value.op, Op) else None
+
+
+_MAX_ROUNDS = 4  # each round only adds materialised tensors; in practice 1-2 rounds suffice
+
+
+def _bound_vars(mod) -> set:
+    found = set()
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func, lambda e: found.update(
+                b.var for block in e.blocks for b in block.bindings) if isinstance(e, relax.SeqExpr) else None)
+    return found
+
+
 def _use_counts(func) -> dict:
     counts = {}
 
@@ -269,9 +297,12 @@ def _use_counts(func) -> dict:
 
 
 def _tensor_args(call):
-    args = call.args[1].fields if call.op.same_as(CALL_TIR) and isinstance(call.args[1], relax.Tuple) \
-        else call.args
-    return [a for a in args if isinstance(a, relax.Var)]
+    """Variables among the arguments, including those inside tuple arguments (call_tir's and
+    call_dps_packed's inputs)."""
+    found = []
+    for a in call.args:
+        found += list(a.fields) if isinstance(a, relax.Tuple) else [a]
+    return [a for a in found if isinstance(a, relax.Var)]
 
 
 def VirtualTensorize(
@@ -308,9 +339,28 @@ def VirtualTensorize(
 
     @tvm.transform.module_pass(opt_level=0, name="VirtualTensorize")
     def _virtual_tensorize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        decisions = report if report is not None else []
         tgt = tvm.target.Target(target) if target is not None else tvm.target.Target.current(allow_none=True)
-        mod = _VirtualTensorizer(mod, choose, allowed, decisions, tgt, inplace).transform()
-        return relax.transform.DeadCodeElimination()(mod)
+        physical, earlier = frozenset(), []
+        for _ in range(_MAX_ROUNDS):
+            decisions = []
+            mutator = _VirtualTensorizer(mod, choose, allowed, decisions, tgt, inplace, physical)
+            out = relax.transform.DeadCodeElimination()(mutator.transform())
+            # Movement results still bound are materialised: next round, read them directly.
+            stayed = _bound_vars(out) & mutator.movement_vars
+            if stayed <= physical:
+                break
+            physical = physical | stayed
+            earlier += decisions
+        if report is not None:
+            # The decisions that made a tensor physical were taken in earlier rounds.
+            decided = {(d["tensor"], d["consumer"]) for d in decisions}
+            seen = set()
+            for d in earlier:
+                key = (d["tensor"], d["consumer"])
+                if key not in decided and key not in seen:
+                    seen.add(key)
+                    report.append(d)
+            report.extend(decisions)
+        return out
 
     return _virtual_tensorize
