@@ -158,7 +158,8 @@ class Contiguity:
     ``inner_run``: along the virtual tensor's row-major order (what an elementwise or
     injective consumer streams); ``best_axis_run``: the longest unit-stride run along any single
     virtual axis (what a tiled consumer such as a GEMM can stage through shared memory).
-    ``reuse``: virtual elements per distinct physical element read (> 1 for broadcast/tile).
+    ``reuse``: virtual elements per element of the data sources (> 1 for broadcast/tile, < 1
+    for a slice).
     """
 
     inner_run: int
@@ -198,18 +199,10 @@ def contiguity(mapping: Mapping, seed: int = 0) -> Contiguity:
         line = [np.full(min(n, _SAMPLE), rng.integers(0, d), dtype=np.int64) for d in shape]
         line[axis] = np.arange(min(n, _SAMPLE), dtype=np.int64)
         best = max(best, _aligned_run(_offsets(mapping, line, env_bufs)))
-    # Reuse: distinct physical elements among a sample of virtual ones.
-    flat = rng.choice(size, min(size, _SAMPLE), replace=False) if size > _SAMPLE else np.arange(size)
-    offs = _offsets(mapping, np.unravel_index(flat, shape), env_bufs)
-    distinct = len(np.unique(offs[offs >= 0])) or 1
-    reuse = float((offs >= 0).sum()) / distinct if size <= _SAMPLE else _reuse_ratio(mapping)
-    return Contiguity(inner, max(best, min(inner, shape[-1] if shape else 1)), full, reuse,
-                      mapping.is_indirect, mapping.is_piecewise)
-
-
-def _reuse_ratio(mapping):
     physical = sum(math.prod(mapping.source_shape(j)) for j in mapping.data_sources())
-    return mapping.size / physical if physical else 1.0
+    reuse = size / physical if physical else 1.0
+    return Contiguity(inner, max(best, min(inner, shape[-1])), full, reuse,
+                      mapping.is_indirect, mapping.is_piecewise)
 
 
 def _offset_sources(mapping, rng):

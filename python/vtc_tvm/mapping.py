@@ -152,16 +152,17 @@ class Mapping:
         result = None
         for p in reversed(self.pieces):
             if p.source is None:
-                val = tirx.const(p.value, self.dtype) if not isinstance(p.value, tvm.ir.Expr) else p.value
+                val = p.value if isinstance(p.value, tvm.ir.Expr) else tirx.const(p.value, self.dtype)
             else:
                 idx = [subst(e) for e in p.indices]
-                if p.cond is not None or result is not None:
-                    idx = self._clamped(p, idx, vmap)
+                if self.is_piecewise:
+                    idx = self._clamped(p, idx)
                 val = load_source(p.source, idx)
             result = val if p.cond is None else tirx.if_then_else(subst(p.cond), val, result)
         return result
 
-    def _clamped(self, piece, idx, vmap):
+    def _clamped(self, piece, idx):
+        """Clamp the indices that can leave the source's bounds over the whole index space."""
         ana = self.analyzer()
         out = []
         for e, orig, dim in zip(idx, piece.indices, self.source_shape(piece.source)):

@@ -42,18 +42,14 @@ _OWN_COPY_OPS = {"relax.nn.pixel_shuffle"}
 class _VirtualTensorizer(PyExprMutator):
     def __init__(self, mod, strategy, ops, report, target, inplace=(), physical=frozenset()):
         super().__init__(mod)
-        self.target = target
+        self.mod, self.strategy, self.ops, self.report, self.target = mod, strategy, ops, report, target
         self.inplace = set(inplace)
         # Movement results that stay materialised anyway (found by an earlier round): reading
         # them is cheaper than reading through them, which would keep their sources alive.
         self.physical = physical
         self.movement_vars = set()
-        self.mod = mod
-        self.strategy = strategy
-        self.ops = ops
-        self.report = report
         self.virtual: Dict[relax.Var, Union[VirtualTensor, List[VirtualTensor]]] = {}
-        self._contiguity = {}
+        self._contiguity = {}  # Mapping -> Contiguity (the key keeps the mapping alive)
 
     # -- driver --------------------------------------------------------------------------------
     def transform(self) -> tvm.IRModule:
@@ -171,16 +167,18 @@ class _VirtualTensorizer(PyExprMutator):
         return True
 
     def _materialise_directly(self, value, vt, composed) -> bool:
-        """If this movement op stays, should it copy from the physical sources in one kernel?"""
-        if not isinstance(value, relax.Call) or value.op.same_as(CALL_TIR):
-            return len(composed.sources) != len(vt.sources) or any(
-                not a.same_as(b) for a, b in zip(composed.sources, vt.sources))
-        if _op_name(value) in _OWN_COPY_OPS:
+        """If this movement op stays, should it be one copy kernel from the physical sources?
+
+        Yes where composition reached past its own inputs (one kernel instead of a chain) or its
+        stock legalization is broken; reshape-like ops stay ops (stock makes them free views).
+        """
+        name = _op_name(value)
+        if name in _OWN_COPY_OPS:
             return True
-        if value.op.name in _VIEW_OPS:
+        if name in _VIEW_OPS:
             return False
-        return any(not a.same_as(b) for a, b in zip(composed.sources, vt.sources)) or \
-            len(composed.sources) != len(vt.sources)
+        return len(composed.sources) != len(vt.sources) or any(
+            not a.same_as(b) for a, b in zip(composed.sources, vt.sources))
 
     def _emit_copy(self, binding, vt: VirtualTensor):
         gv = self.builder_.add_func(vt.mapping.to_prim_func("vtc_copy"), "vtc_copy")
@@ -263,10 +261,9 @@ class _VirtualTensorizer(PyExprMutator):
         return relax.call_tir(gv, [self.visit_expr(a) for a in new_args], out_ty=var.ty)
 
     def _contiguity_of(self, vt):
-        key = id(vt)
-        if key not in self._contiguity:
-            self._contiguity[key] = contiguity(vt.mapping)
-        return self._contiguity[key]
+        if vt.mapping not in self._contiguity:
+            self._contiguity[vt.mapping] = contiguity(vt.mapping)
+        return self._contiguity[vt.mapping]
 
 
 def _op_name(value):
