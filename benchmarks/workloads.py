@@ -189,7 +189,7 @@ class EffViTConfig:
 
 
 def effvit_params(cfg: EffViTConfig):
-    C, heads, td = cfg.channels, cfg.channels // cfg.dim, cfg.channels  # total_dim = heads * dim
+    C, td = cfg.channels, cfg.channels  # total_dim = heads * dim, with heads = channels // dim
     k = cfg.scale
     return [("x", (cfg.batch, C, cfg.height, cfg.width)), ("w_qkv", (3 * td, C, 1, 1)),
             ("w_agg_dw", (3 * td, 1, k, k)), ("w_agg_pw", (3 * td, cfg.dim, 1, 1)),

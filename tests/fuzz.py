@@ -30,11 +30,10 @@ import re
 import sys
 import textwrap
 import time
-import traceback
 from typing import Dict, List, Optional, Tuple
 
 import numpy as np
-from hypothesis import HealthCheck, Phase, assume, given, seed as hyp_seed, settings
+from hypothesis import HealthCheck, assume, given, seed as hyp_seed, settings
 from hypothesis import strategies as st
 
 import tvm

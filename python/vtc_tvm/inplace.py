@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from typing import Callable, Dict
 
-from tvm import relax, tirx
+from tvm import tirx
 from tvm.ir import Op
 
 from .mapping import Mapping, new_buffer

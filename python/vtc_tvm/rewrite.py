@@ -14,7 +14,7 @@ from typing import Optional
 import tvm
 import tvm_ffi
 from tvm import tirx
-from tvm.ir import Range, TensorLoad
+from tvm.ir import TensorLoad
 from tvm.s_tir import SBlock
 from tvm.s_tir.analysis import get_sblock_read_write_region
 
@@ -25,12 +25,6 @@ MAPPING_ATTR = "vtc.virtual_inputs"
 
 class NotRewritable(Exception):
     """The consumer cannot read this parameter through a mapping; the message says why."""
-
-
-def _blocks(func):
-    found = []
-    tvm_ffi.structural_walk(func.body, (SBlock, found.append), order="post")
-    return found
 
 
 def check_read_only(func: tirx.PrimFunc, param) -> None:
@@ -134,7 +128,7 @@ def _cast(e, dtype):
 
 def _block_analyzer(func):
     ana = tvm.sym.Analyzer()
-    for block in _blocks(func):
+    for block in _blocks_of(func.body):
         for iv in block.iter_vars:
             ana.bind(iv.var, iv.dom)
     return ana
@@ -264,7 +258,7 @@ def normalize_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     changed = False
-    for block in _blocks(func):
+    for block in _blocks_of(func.body):
         # Only reductions: DLight's GEMV/Matmul/Reduction rules analyse their iteration space,
         # while injective blocks read floordiv indices fine (every stock reshape does).
         if block.name_hint == "root" or all(iv.iter_type == 0 for iv in block.iter_vars):
