@@ -2,6 +2,7 @@
 
 import functools
 import importlib
+import logging
 from importlib.metadata import version
 
 import numpy as np
@@ -82,6 +83,11 @@ def test_tune_rewritten_consumer_through_relax(tmp_path):
     vmod = vtc_tvm.VirtualTensorize(strategy="all")(mod)  # at this tiny size "contiguity" declines
     target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
     warm = functools.partial(importlib.import_module, "tvm.s_tir.tensor_intrin")
+    # MetaSchedule rebuilds its logging config from the handlers already on its logger and cannot
+    # handle unnamed ones (pytest's capture handlers after an earlier tuning in this process).
+    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    for handler in [h for h in ms_logger.handlers if h.get_name() is None]:
+        ms_logger.removeHandler(handler)
     with target:
         fused = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                                           relax.transform.FuseOps(), relax.transform.FuseTIR()])(vmod)
