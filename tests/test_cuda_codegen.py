@@ -49,3 +49,24 @@ def test_nvcc_compiles_source(cuda_target, cuda_source):
     with cuda_target:  # compile_cuda reads Target.current() even when arch is given
         ptx = nvcc.compile_cuda(cuda_source, target_format="ptx", arch="sm_90", compiler="nvcc")
     assert b".entry" in ptx
+
+
+@pytest.mark.parametrize("model", ["llama", "shufflenet"])
+def test_vtc_pipeline_compiles_real_models_for_cuda(model):
+    """The "vtc" pipeline (load side, store side, DLight checks) builds the real-size built-in
+    models for the H100/H200 target, and removes copy kernels there too."""
+    from tvm import relax
+
+    from vtc_tvm.models import build_model
+    from vtc_tvm.pipeline import cuda_target
+    from vtc_tvm.report import kernel_census
+    from vtc_tvm.transform import VirtualTensorize
+
+    target = cuda_target()
+    mod = build_model(model, "real", dtype="float16")
+    ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_pipeline("vtc", target=target))
+    assert "__global__" in device_source(ex, "cuda")
+    stock = kernel_census(mod, target)
+    vtc = kernel_census(VirtualTensorize(target=target)(mod), target, stores=True)
+    assert vtc["data_movement"] < stock["data_movement"]
+    assert vtc["planned_bytes"] < stock["planned_bytes"]
