@@ -73,7 +73,9 @@ def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name
 
     body = tvm_ffi.structural_map(func.body, (TensorLoad, on_load), order="post")
     params = list(func.params[:param_index]) + sources + list(func.params[param_index + 1 :])
-    body = _refresh_regions(body, params)
+    # Blocks that read the virtual parameter get new regions (also where every load became a
+    # constant, e.g. a slice of the padding).
+    body = _refresh_regions(body, params, touched=set(sources) | {param})
     attrs = dict(func.attrs or {})
     recorded = dict(attrs.get(MAPPING_ATTR, {}))
     recorded[param.name] = [m for _, m, _ in mapping.index_maps()]
@@ -159,6 +161,9 @@ def _blocks_of(stmt):
 
 
 def _accesses_any(block, buffers):
+    """Whether ``block`` loads, stores or declares a region of any of ``buffers``."""
+    if any(r.source in buffers for r in list(block.reads) + list(block.writes)):
+        return True
     hit = []
     tvm_ffi.structural_walk(block.body, [
         (TensorLoad, lambda l: hit.append(l) if l.source in buffers else None),
