@@ -71,7 +71,8 @@ class _StoreRewriter(PyExprMutator):
 
     # -- pattern -------------------------------------------------------------------------------
     def _plan(self, func):
-        """{producer var: (concat var, offsets)} and {concat var: [(source, offsets)]}."""
+        """{concat var: (its inputs, their offsets, {input produced by a kernel of ours and read
+        only by this concat: its offsets})}."""
         uses = Counter()
         relax.analysis.post_order_visit(func.body, lambda e: uses.update([e]) if isinstance(e, relax.Var) else None)
         for p in func.params:
