@@ -224,8 +224,9 @@ def check_schedulable(func: tirx.PrimFunc, target) -> None:
 
 
 def best_schedulable(original: tirx.PrimFunc, candidates, target) -> tirx.PrimFunc:
-    """The candidate rewrite that DLight schedules with the most specialised rule, provided that
-    rule is at least as specialised as the original's (on non-GPU targets: the first candidate).
+    """The candidate rewrite that DLight schedules with the most specialised rule (the earliest
+    candidate among equals), provided that rule is at least as specialised as the original's (on
+    non-GPU targets: the first candidate).
 
     A matmul whose mapped loads push it from Matmul to Fallback loses its tiling and tensor cores
     and runs far slower than the copy it saved (seen on the H200 for concat and gather reads);

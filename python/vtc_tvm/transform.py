@@ -244,8 +244,9 @@ class _VirtualTensorizer(PyExprMutator):
             decision = self.strategy(vt.mapping, self._contiguity_of(vt), pattern)
             if decision.take:
                 try:
+                    # The plain form first: only DLight needs split axes (ties keep the plain one).
                     forms = [inline_mapping(func, len(new_args), vt.mapping, name=arg.name,
-                                            normalize=normalize)[0] for normalize in (True, False)]
+                                            normalize=normalize)[0] for normalize in (False, True)]
                     func = best_schedulable(func, forms, self.target)
                 except NotRewritable as err:
                     decision = type(decision)(False, str(err))
