@@ -20,7 +20,9 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir import TensorLoad
 
-from .mapping import Mapping, Piece, _eval_np, new_buffer
+from .mapping import Mapping, Piece, _eval_np, _rebind_loads, _substitute, new_buffer
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 # TVM's OpPatternKind (include/tvm/relax/op_attr_types.h)
 ELEMWISE, BROADCAST, INJECTIVE, COMM_REDUCE, OUT_EWISE_FUSABLE, OPAQUE = 0, 1, 2, 3, 4, 8
@@ -88,8 +90,6 @@ def _new_vars(n):
 
 
 def _rename(expr, vmap, old_bufs, new_bufs):
-    from .mapping import _rebind_loads, _substitute
-
     expr = _substitute(expr, vmap)
     return _rebind_loads(expr, old_bufs, lambda j, idx: tirx.BufferLoad(new_bufs[j], idx))
 
@@ -113,6 +113,18 @@ def _pieces(value, inputs):
     guarded = [Piece(p.source, p.indices, cond if p.cond is None else tirx.all(cond, p.cond), p.value)
                for p in _pieces(then, inputs)]
     return guarded + _pieces(other, inputs)
+
+
+def call_tir_kernel(mod: tvm.IRModule, value):
+    """``(GlobalVar, PrimFunc, tensor args)`` of ``call_tir(gv, (args...))`` on a PrimFunc of
+    ``mod``; None for anything else, including calls that pass symbolic shape values."""
+    if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)) or len(value.args) != 2:
+        return None
+    gv, args = value.args
+    if not isinstance(args, relax.Tuple) or gv not in mod.get_global_vars():
+        return None
+    func = mod[gv]
+    return (gv, func, list(args.fields)) if isinstance(func, tirx.PrimFunc) else None
 
 
 def is_data_movement(func) -> bool:

@@ -24,15 +24,13 @@ from typing import Optional
 
 import tvm
 from tvm import relax, tirx
-from tvm.ir import Op
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .analysis import index_copy_mapping
+from .analysis import call_tir_kernel, index_copy_mapping
 from .mapping import Mapping
 from .rewrite import NotRewritable, best_schedulable, offset_index, redirect_output
 
 logger = logging.getLogger("vtc_tvm")
-CALL_TIR = Op.get("relax.call_tir")
 
 
 def concat_offsets(mapping: Mapping) -> Optional[list]:
@@ -97,21 +95,13 @@ class _StoreRewriter(PyExprMutator):
         return plan
 
     def _concat(self, value):
-        if not (isinstance(value, relax.Call) and value.op.same_as(CALL_TIR)) or len(value.args) != 2:
-            return None
-        func = self.mod[value.args[0]]
-        mapping = index_copy_mapping(func) if isinstance(func, tirx.PrimFunc) else None
-        if mapping is None or not isinstance(value.args[1], relax.Tuple):
-            return None
-        return concat_offsets(mapping)
+        kernel = call_tir_kernel(self.mod, value)
+        mapping = index_copy_mapping(kernel[1]) if kernel is not None else None
+        return None if mapping is None else concat_offsets(mapping)
 
     def _producer(self, value):
-        if not (isinstance(value, relax.Call) and value.op.same_as(CALL_TIR)) or len(value.args) != 2:
-            return None
-        func = self.mod[value.args[0]]
-        if not isinstance(func, tirx.PrimFunc) or not isinstance(value.ty, relax.TensorType):
-            return None
-        return func
+        kernel = call_tir_kernel(self.mod, value)
+        return kernel[1] if kernel is not None and isinstance(value.ty, relax.TensorType) else None
 
     # -- rewrite -------------------------------------------------------------------------------
     def visit_var_binding_(self, binding):

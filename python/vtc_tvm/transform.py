@@ -18,12 +18,12 @@ import logging
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import tvm
-from tvm import relax, tirx
+from tvm import relax
 from tvm.ir import Op
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from . import inplace as inplace_updates
-from .analysis import contiguity, index_copy_mapping, op_pattern
+from .analysis import call_tir_kernel, contiguity, index_copy_mapping, op_pattern
 from .mapping import VirtualTensor
 from .rewrite import NotRewritable, best_schedulable, check_schedulable, inline_mapping
 from .rules import Unsupported, get_rule
@@ -74,11 +74,9 @@ class _VirtualTensorizer(PyExprMutator):
         if not isinstance(value, relax.Call) or not isinstance(value.op, Op):
             return None
         if value.op.same_as(CALL_TIR):
-            func = self.mod[value.args[0]] if value.args[0] in self.mod.get_global_vars() else None
-            mapping = index_copy_mapping(func) if func is not None else None
-            if mapping is None or not isinstance(value.args[1], relax.Tuple):
-                return None
-            return VirtualTensor(mapping, list(value.args[1].fields))
+            kernel = call_tir_kernel(self.mod, value)
+            mapping = index_copy_mapping(kernel[1]) if kernel is not None else None
+            return None if mapping is None else VirtualTensor(mapping, kernel[2])
         name = value.op.name
         rule = get_rule(name)
         if rule is None or (self.ops is not None and name not in self.ops):
@@ -192,13 +190,8 @@ class _VirtualTensorizer(PyExprMutator):
     def _consumer_prim_func(self, call):
         """(PrimFunc, kernel name, tensor args) that computes ``call``, or None."""
         if call.op.same_as(CALL_TIR):
-            gv, args = call.args[0], call.args[1]
-            # A third argument passes symbolic shape values: dynamic shapes stay as they are.
-            if len(call.args) > 2 or not isinstance(args, relax.Tuple) \
-                    or gv not in self.mod.get_global_vars():
-                return None
-            func = self.mod[gv]
-            return (func, gv.name_hint, list(args.fields)) if isinstance(func, tirx.PrimFunc) else None
+            kernel = call_tir_kernel(self.mod, call)  # symbolic shape values: left as they are
+            return None if kernel is None else (kernel[1], kernel[0].name_hint, kernel[2])
         legalize = call.op.get_attr("FLegalize") if isinstance(call.op, Op) else None
         if legalize is None:
             return None
