@@ -230,14 +230,6 @@ def test_mapping_index_maps_and_copy_kernel(case, rng):
     np.testing.assert_array_equal(out.numpy(), m.apply_numpy(arrays))
 
 
-def test_symbolic_shape_is_unsupported():
-    n = tvm.tirx.Var("n", "int64")
-    x = relax.Var("x", relax.TensorType((n, 4), F32))
-    call = relax.BlockBuilder().normalize(R.permute_dims(x))
-    with pytest.raises(Unsupported):
-        get_rule("relax.permute_dims")(call)
-
-
 # -- user-registered rules -------------------------------------------------------------------
 CUSTOM_OP = "vtc_test.swap_last2"
 

@@ -70,3 +70,69 @@ def test_vtc_pipeline_compiles_real_models_for_cuda(model):
     vtc = kernel_census(VirtualTensorize(target=target)(mod), target, stores=True)
     assert vtc["data_movement"] < stock["data_movement"]
     assert vtc["planned_bytes"] < stock["planned_bytes"]
+
+
+# -- read stages: concat / gather into a GEMM keep DLight's Matmul rule and tensor cores ----------
+def _into_gemm(kind):
+    from tvm import relax
+
+    op = relax.op
+    bb = relax.BlockBuilder()
+    a = relax.Var("a", relax.TensorType((256, 512), "float16"))
+    b = relax.Var("b", relax.TensorType((256, 512), "float16"))
+    w = relax.Var("w", relax.TensorType((1024, 768), "float16"))
+    ids = relax.Var("ids", relax.TensorType((256,), "int32"))
+    params = [a, b, w] + ([ids] if kind == "gather" else [])
+    with bb.function("main", params):
+        with bb.dataflow():
+            c = bb.emit(op.concat((a, b), axis=1))  # (256, 1024): concat along the GEMM's K
+            if kind == "gather":
+                c = bb.emit(op.take(c, ids, axis=0, mode="clip"))
+            out = bb.emit_output(op.matmul(c, w))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("kind", ["concat", "gather"])
+def test_concat_and_gather_into_gemm_get_a_read_stage(kind, cuda_target):
+    import vtc_tvm
+    from vtc_tvm.pipeline import cuda_target as vtc_cuda_target, vtc_pipeline
+    from vtc_tvm.report import uses_tensor_cores
+    from vtc_tvm.rewrite import _dlight_rule, _dlight_rules
+
+    target = vtc_cuda_target()
+    report = []
+    out = vtc_tvm.VirtualTensorize(target=target, report=report)(_into_gemm(kind))
+    assert report and all(e["virtual"] for e in report), report
+    (gv, func), = [(gv, f) for gv, f in out.functions_items() if gv.name_hint.startswith("matmul_vtc")]
+    blocks = [b.name_hint for b in vtc_tvm.analysis._non_root_blocks(func)]
+    assert len(blocks) == 2, blocks  # the read stage and the GEMM
+    with target:
+        assert type(_dlight_rules()[_dlight_rule(func, target)]).__name__ == "Matmul"
+    assert uses_tensor_cores(tvm.compile(out, target=target, relax_pipeline=vtc_pipeline(target)))
+
+
+@pytest.mark.parametrize("kind", ["concat", "gather"])
+def test_read_stage_form_computes_the_same(kind):
+    """The staged form (chosen on GPU targets) run on LLVM equals stock TVM, bit for bit."""
+    import numpy as np
+    from tvm import relax
+
+    import vtc_tvm
+    from vtc_tvm.pipeline import cuda_target as vtc_cuda_target
+
+    mod = _into_gemm(kind)
+    out = vtc_tvm.VirtualTensorize(target=vtc_cuda_target())(mod)
+    rng = np.random.default_rng()
+    inputs = [rng.standard_normal((256, 512)).astype("float16"), rng.standard_normal((256, 512)).astype("float16"),
+              (rng.standard_normal((1024, 768)) / 32).astype("float16")]
+    if kind == "gather":
+        inputs.append(rng.integers(-10, 300, 256).astype("int32"))  # clip mode: out of range too
+    llvm = tvm.target.Target("llvm")
+    results = []
+    for m in (mod, out):
+        ex = tvm.compile(m, target=llvm, relax_pipeline=relax.get_default_pipeline(llvm))
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        results.append(vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy())
+    assert np.abs(results[0]).max() > 0
+    np.testing.assert_array_equal(results[1], results[0])

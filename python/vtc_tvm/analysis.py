@@ -183,11 +183,21 @@ class Contiguity:
 
 
 _SAMPLE = 4096
+# Values a symbolic dimension (batch, sequence) is measured at: a round and an odd one, so
+# that runs which only line up for some sizes are not mistaken for contiguous ones.
+SYMBOLIC_SAMPLES = (16, 61)
 
 
 def contiguity(mapping: Mapping, seed: int = 0) -> Contiguity:
     """Measure a mapping by evaluating it on a bounded sample of indices (with random index
-    tensors for indirect mappings)."""
+    tensors for indirect mappings). A symbolic mapping is measured at each of
+    :data:`SYMBOLIC_SAMPLES` and gets the worst of them."""
+    symbols = mapping.symbols
+    if symbols:
+        each = [contiguity(mapping.instantiate({v: n for v in symbols}), seed) for n in SYMBOLIC_SAMPLES]
+        return Contiguity(min(c.inner_run for c in each), min(c.best_axis_run for c in each),
+                          all(c.full for c in each), max(c.reuse for c in each),
+                          mapping.is_indirect, mapping.is_piecewise)
     rng = np.random.default_rng(seed)
     shape = mapping.shape
     size = mapping.size

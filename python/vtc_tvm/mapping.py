@@ -37,10 +37,30 @@ def _i64(x) -> tvm.ir.Expr:
     return x
 
 
+def dim(d):
+    """A dimension as a Python int when it is a constant, else the (symbolic) ``PrimExpr``."""
+    if isinstance(d, tirx.IntImm):
+        return int(d.value)
+    return d if isinstance(d, tvm.ir.Expr) else int(d)
+
+
+def is_static(shape) -> bool:
+    return all(isinstance(dim(d), int) for d in shape)
+
+
+def same_shape(a, b) -> bool:
+    """Equal shapes, symbolic dimensions compared by proof (``n + 1`` equals ``1 + n``)."""
+    ana = tvm.sym.Analyzer()
+    return len(a) == len(b) and all(
+        x == y if isinstance(dim(x), int) and isinstance(dim(y), int)
+        else ana.can_prove_equal(_i64(dim(x)), _i64(dim(y)))
+        for x, y in zip(a, b))
+
+
 def new_buffer(shape, dtype, name) -> tirx.Buffer:
     """A buffer like the ones LegalizeOps and TE create (no TileLayout): FuseTIR compares the
     buffer types of a tensor's producer and consumers structurally."""
-    return tirx.decl_buffer([_i64(int(d)) for d in shape], str(dtype), name, layout=None)
+    return tirx.decl_buffer([_i64(dim(d)) for d in shape], str(dtype), name, layout=None)
 
 
 @dataclass(frozen=True)
@@ -66,7 +86,7 @@ class Mapping:
     """Index map from a virtual tensor of ``shape``/``dtype`` to its physical sources."""
 
     def __init__(self, shape, dtype, sources: Sequence[tirx.Buffer], index_vars, pieces):
-        self.shape = tuple(int(s) for s in shape)
+        self.shape = tuple(dim(s) for s in shape)
         self.dtype = str(dtype)
         self.sources = tuple(sources)
         self.vars = tuple(index_vars)
@@ -110,11 +130,35 @@ class Mapping:
         return len(self.shape)
 
     @property
-    def size(self) -> int:
+    def size(self):
+        """Number of elements: an int, or a ``PrimExpr`` for a symbolic shape."""
         return math.prod(self.shape)
 
     def source_shape(self, j) -> tuple:
-        return tuple(int(d) for d in self.sources[j].shape)
+        return tuple(dim(d) for d in self.sources[j].shape)
+
+    @property
+    def symbols(self) -> list:
+        """The symbolic dimension variables of the virtual tensor and of its sources."""
+        found = []
+        shapes = [self.shape] + [self.source_shape(j) for j in range(len(self.sources))]
+        for d in (d for shape in shapes for d in shape if not isinstance(d, int)):
+            tvm_ffi.structural_walk(d, (tvm.ir.Var, lambda v: found.append(v) if not any(
+                v.same_as(f) for f in found) else None), order="post")
+        return found
+
+    def instantiate(self, values: dict) -> "Mapping":
+        """The mapping at concrete values ``{symbol: int}`` of its symbolic dimensions."""
+        vmap = {v: _i64(int(n)) for v, n in values.items()}
+        fix = lambda e: _substitute(e, vmap) if isinstance(e, tvm.ir.Expr) else e
+        ana = tvm.sym.Analyzer()
+        concrete = lambda shape: [ana.simplify(_i64(fix(d))) for d in shape]
+        sources = [new_buffer(concrete(b.shape), b.dtype, b.name) for b in self.sources]
+        rebind = lambda e: _rebind_loads(fix(e), self.sources, lambda j, idx: tirx.BufferLoad(sources[j], idx))
+        pieces = [Piece(p.source, tuple(rebind(e) for e in p.indices),
+                        None if p.cond is None else rebind(p.cond),
+                        None if p.value is None else fix(p.value)) for p in self.pieces]
+        return Mapping(concrete(self.shape), self.dtype, sources, self.vars, pieces).simplify()
 
     @property
     def is_indirect(self) -> bool:
@@ -165,12 +209,11 @@ class Mapping:
         """Clamp the indices that can leave the source's bounds over the whole index space."""
         ana = self.analyzer()
         out = []
-        for e, orig, dim in zip(idx, piece.indices, self.source_shape(piece.source)):
-            b = ana.const_int_bound(orig)
-            if b.min_value >= 0 and b.max_value < dim:
+        for e, orig, extent in zip(idx, piece.indices, self.source_shape(piece.source)):
+            if ana.can_prove(orig >= 0) and ana.can_prove(orig < _i64(extent)):
                 out.append(e)
             else:
-                out.append(tirx.max(tirx.min(e, _i64(dim - 1)), _i64(0)))
+                out.append(tirx.max(tirx.min(e, _i64(extent - 1)), _i64(0)))
         return out
 
     def value_expr(self) -> tvm.ir.Expr:
@@ -211,7 +254,7 @@ class Mapping:
         ``(F_self ∘ F_inner)``. Index loads of source ``j`` (an index tensor that is itself
         virtual) are rewritten through ``inner`` as well.
         """
-        assert inner.shape == self.source_shape(j), (inner.shape, self.source_shape(j))
+        assert same_shape(inner.shape, self.source_shape(j)), (inner.shape, self.source_shape(j))
         kept = [k for k in range(len(self.sources)) if k != j]
         renumber = {k: n for n, k in enumerate(kept)}
         new_sources = [self.sources[k] for k in kept] + [
@@ -268,7 +311,13 @@ class Mapping:
         return te.create_prim_func(placeholders + [out]).without_attr("global_symbol")
 
     def apply_numpy(self, arrays: Sequence[np.ndarray]) -> np.ndarray:
-        """Evaluate the virtual tensor on numpy sources (the reference for tests)."""
+        """Evaluate the virtual tensor on numpy sources (the reference for tests); symbolic
+        dimensions take their values from the arrays' shapes."""
+        if not is_static(self.shape) or not all(is_static(b.shape) for b in self.sources):
+            values = {}
+            for b, a in zip(self.sources, arrays):
+                values.update({d: n for d, n in zip(b.shape, np.shape(a)) if isinstance(d, tvm.ir.Var)})
+            return self.instantiate(values).apply_numpy(arrays)
         grids = np.indices(self.shape, dtype=np.int64) if self.shape else []
         env = {v: g for v, g in zip(self.vars, grids)}
         bufs = {b: arrays[j] for j, b in enumerate(self.sources)}

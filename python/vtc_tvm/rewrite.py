@@ -16,9 +16,9 @@ import tvm_ffi
 from tvm import tirx
 from tvm.ir import TensorLoad
 from tvm.s_tir import SBlock
-from tvm.s_tir.analysis import get_sblock_read_write_region
+from tvm.s_tir.analysis import get_sblock_read_write_region, verify_well_formed
 
-from .mapping import Mapping, lowering_safe, new_buffer
+from .mapping import Mapping, _substitute, lowering_safe, new_buffer
 
 MAPPING_ATTR = "vtc.virtual_inputs"
 
@@ -54,13 +54,14 @@ def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name
     """Return ``func`` with parameter ``param_index`` replaced by the mapping's sources
     (and, with ``normalize``, reduction axes split where the mapping divides them)."""
     param = func.params[param_index]
-    if tuple(int(d) for d in param.shape) != mapping.shape:
-        raise NotRewritable(f"parameter {param.name} has shape {list(param.shape)}, mapping {list(mapping.shape)}")
+    symbols = _bind_symbols(param, mapping)
     if str(param.dtype) != mapping.dtype:
         raise NotRewritable(f"parameter {param.name} is {param.dtype}, mapping {mapping.dtype}")
     check_read_only(func, param)
     base = name or param.name
-    sources = [new_buffer(b.shape, b.dtype, f"{base}_src{j}") for j, b in enumerate(mapping.sources)]
+    in_func = lambda e: _substitute(e, symbols) if symbols else e
+    sources = [new_buffer([in_func(d) for d in b.shape], b.dtype, f"{base}_src{j}")
+               for j, b in enumerate(mapping.sources)]
     ana = _block_analyzer(func)
 
     def on_load(load):
@@ -68,8 +69,8 @@ def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name
             return load
         dtype = str(load.indices[0].ty) if len(load.indices) else "int64"
         value = mapping.load(list(load.indices), lambda j, idx: tirx.BufferLoad(
-            sources[j], [_cast(ana.simplify(i), dtype) for i in idx]))
-        return lowering_safe(ana.simplify(value))
+            sources[j], [_cast(ana.simplify(in_func(i)), dtype) for i in idx]))
+        return lowering_safe(ana.simplify(in_func(value)))
 
     body = tvm_ffi.structural_map(func.body, (TensorLoad, on_load), order="post")
     params = list(func.params[:param_index]) + sources + list(func.params[param_index + 1 :])
@@ -80,10 +81,83 @@ def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name
     recorded = dict(attrs.get(MAPPING_ATTR, {}))
     recorded[param.name] = [m for _, m, _ in mapping.index_maps()]
     new = tirx.PrimFunc(params, body, ret_type=func.ret_type, attrs=func.attrs)
+    if mapping.symbols and not verify_well_formed(new, assert_mode=False):
+        raise NotRewritable(f"a symbolic dimension of {param.name} is not a dimension of its sources")
     new = new.with_attr(MAPPING_ATTR, recorded)
     if "op_pattern" in attrs:  # the pattern may change (e.g. a gather makes it opaque)
         new = new.without_attr("op_pattern")
     return (normalize_loops(new) if normalize else new), sources
+
+
+def rewritten_forms(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name: str, target=None):
+    """The rewrites of ``func`` reading parameter ``param_index`` through ``mapping`` that are
+    worth comparing, simplest first (ties keep the earlier): the mapping inlined into the loads;
+    with reduction axes split where the mapping divides them (GQA); on GPU targets, for
+    piecewise and indirect mappings, inlined into a read stage (:func:`stage_input`)."""
+    forms = [inline_mapping(func, param_index, mapping, name=name, normalize=normalize)[0]
+             for normalize in (False, True)]
+    if target is not None and "gpu" in target.keys and (mapping.is_piecewise or mapping.is_indirect):
+        try:
+            staged = stage_input(func, param_index)
+            forms.append(inline_mapping(staged, param_index, mapping, name=name, normalize=False)[0])
+        except NotRewritable:
+            pass
+    return forms
+
+
+def stage_input(func: tirx.PrimFunc, param_index: int) -> tirx.PrimFunc:
+    """Give the one reduction block that reads parameter ``param_index`` a read stage: an
+    injective block that copies the parameter into a buffer the reduction reads instead.
+
+    With the mapping inlined into the stage (not into the reduction), DLight's Matmul rule still
+    recognises the GEMM and inlines the stage into its global -> shared copy: the mapping is
+    applied while staging tiles, the tensor-core loop is untouched (the paper's observation).
+    A concat or gather read inlined into the GEMM itself drops it to the Fallback rule.
+    """
+    param = func.params[param_index]
+    readers = [b for b in _blocks_of(func.body) if b.name_hint != "root"
+               and any(r.source.same_as(param) for r in b.reads)]
+    if len(readers) != 1 or all(iv.iter_type == 0 for iv in readers[0].iter_vars):
+        raise NotRewritable(f"parameter {param.name} is not read by exactly one reduction")
+    block = readers[0]
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    read = next(i for i, r in enumerate(block.reads) if r.source.same_as(param))
+    sch.cache_read(sch.get_sblock(block.name_hint), read, "global")
+    return sch.mod["main"]
+
+
+def _bind_symbols(param, mapping: Mapping) -> dict:
+    """Match the mapping's shape with the parameter's: ``{symbol of the mapping: PrimExpr of
+    the PrimFunc}`` (a PrimFunc has its own variables for symbolic dimensions)."""
+    mismatch = NotRewritable(f"parameter {param.name} has shape {list(param.shape)}, "
+                             f"mapping {list(mapping.shape)}")
+    if len(param.shape) != mapping.ndim:
+        raise mismatch
+    symbols = {}
+    for want, have in zip(mapping.shape, param.shape):
+        if not isinstance(want, int) and not _unify(want, have, symbols):
+            raise mismatch
+    ana = tvm.sym.Analyzer()
+    for want, have in zip(mapping.shape, param.shape):
+        want = tirx.IntImm(str(have.ty), want) if isinstance(want, int) else _substitute(want, symbols)
+        if not ana.can_prove_equal(_cast(want, str(have.ty)), have):
+            raise mismatch
+    return symbols
+
+
+def _unify(want, have, symbols) -> bool:
+    """Match expression ``want`` with ``have`` node by node, binding ``want``'s variables
+    (``m + n`` in Relax is ``m + n`` over the PrimFunc's own ``m`` and ``n``)."""
+    if isinstance(want, tvm.ir.Var):
+        bound = symbols.setdefault(want, have)
+        return bound.same_as(have) or tvm_ffi.structural_equal(bound, have)
+    if type(want) is not type(have):
+        return False
+    if isinstance(want, tirx.IntImm):
+        return int(want.value) == int(have.value)
+    if hasattr(want, "a") and hasattr(want, "b"):
+        return _unify(want.a, have.a, symbols) and _unify(want.b, have.b, symbols)
+    return False
 
 
 def redirect_output(func: tirx.PrimFunc, dest_shape, store_index, name="dest",
@@ -139,7 +213,7 @@ def _block_analyzer(func):
 def _refresh_regions(body, params, touched=None):
     """Recompute T.reads/T.writes of the non-root blocks that access the ``touched`` buffers
     (default: all ``params``)."""
-    buffer_map = {p: p for p in params}
+    buffer_map = {p: p for p in params if tirx.is_buffer_var(p)}  # not symbolic-dimension params
     for block in _blocks_of(body):
         buffer_map.update({b: b for b in block.alloc_buffers})
     touched = set(params) if touched is None else set(touched)
@@ -289,8 +363,9 @@ def _split_exprs(block, factors):
     out = []
     for iv in block.iter_vars:
         f = factors.get(iv.var)
-        extent = int(iv.dom.extent)
-        if iv.iter_type == 0 and f and extent % f == 0 and 1 < f < extent:  # data-parallel only
+        extent = iv.dom.extent
+        if iv.iter_type == 0 and f and isinstance(extent, tirx.IntImm) \
+                and int(extent) % f == 0 and 1 < f < int(extent):  # data-parallel only
             out += [tirx.floordiv(iv.var, f), tirx.floormod(iv.var, f)]
         else:
             out.append(iv.var)

@@ -20,7 +20,7 @@ from typing import Callable, Dict
 import tvm
 from tvm import relax, tirx
 
-from .mapping import Mapping, Piece, VirtualTensor, _substitute
+from .mapping import Mapping, Piece, VirtualTensor, _substitute, dim
 
 _RULES: Dict[str, Callable] = {}
 
@@ -50,17 +50,27 @@ def registered_ops():
 
 
 # -- helpers for rules --------------------------------------------------------------------------
+def dims_of(expr) -> tuple:
+    """Shape of a tensor-typed expression: ints, and ``PrimExpr`` for symbolic dimensions."""
+    ty = expr.ty
+    if not isinstance(ty, relax.TensorType) or ty.shape is None or not isinstance(ty.shape, relax.ShapeExpr):
+        raise Unsupported(f"{expr} has no known shape")
+    return tuple(dim(d) for d in ty.shape.values)
+
+
 def shape_of(expr) -> tuple:
     """Static shape of a tensor-typed expression, or :class:`Unsupported`."""
-    ty = expr.ty
-    if not isinstance(ty, relax.TensorType) or ty.shape is None:
-        raise Unsupported(f"{expr} has no known shape")
-    dims = []
-    for d in ty.shape.values:
-        if not isinstance(d, tirx.IntImm):
-            raise Unsupported(f"symbolic dimension {d}")
-        dims.append(int(d.value))
-    return tuple(dims)
+    dims = dims_of(expr)
+    for d in dims:
+        static(d)
+    return dims
+
+
+def static(d) -> int:
+    """``d`` as an int, or :class:`Unsupported` for a symbolic dimension."""
+    if not isinstance(d, int):
+        raise Unsupported(f"symbolic dimension {d}")
+    return d
 
 
 def dtype_of(expr) -> str:
@@ -88,14 +98,14 @@ def _unravel(flat, shape):
 
 
 def _view(call, src, fn) -> VirtualTensor:
-    return VirtualTensor(Mapping.view(shape_of(call), dtype_of(call), shape_of(src), fn), [src])
+    return VirtualTensor(Mapping.view(dims_of(call), dtype_of(call), dims_of(src), fn), [src])
 
 
 # -- rules --------------------------------------------------------------------------------------
 def _reshape(call):
     """reshape / flatten / squeeze / expand_dims: same row-major element order."""
     x = call.args[0]
-    out_shape, in_shape = shape_of(call), shape_of(x)
+    out_shape, in_shape = dims_of(call), dims_of(x)
 
     def fn(*v):
         flat = sum((vi * s for vi, s in zip(v, _strides(out_shape))), tirx.IntImm("int64", 0))
@@ -111,7 +121,7 @@ for _op in ("relax.reshape", "relax.flatten", "relax.squeeze", "relax.expand_dim
 @register_rule("relax.permute_dims")
 def _permute_dims(call):
     x = call.args[0]
-    ndim = len(shape_of(x))
+    ndim = len(dims_of(x))
     axes = list(range(ndim))[::-1] if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
 
     def fn(*v):
@@ -134,15 +144,22 @@ def _slice_view(call, x, starts_steps):
 @register_rule("relax.strided_slice")
 def _strided_slice(call):
     x = call.args[0]
-    in_shape = shape_of(x)
+    in_shape = dims_of(x)
     axes, begin, end = (_ints(call.args[i]) for i in (1, 2, 3))
     strides = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes)
     starts_steps = {}
     for a, b, e, s in zip(axes, begin, end, strides):
         a %= len(in_shape)
-        # Python's slice semantics are numpy's and TOPI's: negative and out-of-range bounds
-        # (ONNX uses int64 extremes for "to the end") clamp to the axis.
-        start, _, step = slice(b, e, s).indices(in_shape[a])
+        n = in_shape[a]
+        if isinstance(n, int):
+            # Python's slice semantics are numpy's and TOPI's: negative and out-of-range bounds
+            # (ONNX uses int64 extremes for "to the end") clamp to the axis.
+            start, _, step = slice(b, e, s).indices(n)
+        elif s == 1:
+            # A symbolic axis: only the start matters (the output's shape is Relax's).
+            start, step = (b if b >= 0 else tirx.max(n + b, 0)), 1
+        else:
+            raise Unsupported(f"strided slice (step {s}) of symbolic dimension {n}")
         starts_steps[a] = (start, step)
     return _slice_view(call, x, starts_steps)
 
@@ -150,8 +167,9 @@ def _strided_slice(call):
 @register_rule("relax.split")
 def _split(call):
     x = call.args[0]
-    in_shape = shape_of(x)
+    in_shape = list(dims_of(x))
     axis = int(call.attrs.axis) % len(in_shape)
+    in_shape[axis] = static(in_shape[axis])
     parts = call.attrs.indices_or_sections
     if isinstance(parts, (tirx.IntImm, int)):
         n = int(parts)
@@ -179,11 +197,11 @@ def _tuple_fields(expr):
 @register_rule("relax.concat")
 def _concat(call):
     inputs = _tuple_fields(call.args[0])
-    out_shape = shape_of(call)
+    out_shape = dims_of(call)
     axis = int(call.attrs.axis) % len(out_shape)
     offsets = [0]
     for t in inputs:
-        offsets.append(offsets[-1] + shape_of(t)[axis])
+        offsets.append(offsets[-1] + dims_of(t)[axis])
 
     def body(v, srcs):
         pieces = []
@@ -193,14 +211,14 @@ def _concat(call):
             pieces.append(Piece(j, idx, None if last else v[axis] < hi))
         return pieces
 
-    types = [(shape_of(t), dtype_of(t)) for t in inputs]
+    types = [(dims_of(t), dtype_of(t)) for t in inputs]
     return VirtualTensor(Mapping.build(out_shape, dtype_of(call), types, body), inputs)
 
 
 @register_rule("relax.stack")
 def _stack(call):
     inputs = _tuple_fields(call.args[0])
-    out_shape = shape_of(call)
+    out_shape = dims_of(call)
     axis = int(call.attrs.axis) % len(out_shape)
 
     def body(v, srcs):
@@ -208,26 +226,33 @@ def _stack(call):
         return [Piece(j, rest, None if j == len(inputs) - 1 else v[axis] == j)
                 for j in range(len(inputs))]
 
-    types = [(shape_of(t), dtype_of(t)) for t in inputs]
+    types = [(dims_of(t), dtype_of(t)) for t in inputs]
     return VirtualTensor(Mapping.build(out_shape, dtype_of(call), types, body), inputs)
 
 
 def _broadcast_index(v, in_shape):
     """Right-aligned numpy broadcasting: size-1 source axes read index 0."""
     lead = len(v) - len(in_shape)
-    return [tirx.IntImm("int64", 0) if d == 1 else v[lead + a] for a, d in enumerate(in_shape)]
+    return [tirx.IntImm("int64", 0) if isinstance(d, int) and d == 1 else v[lead + a]
+            for a, d in enumerate(in_shape)]
 
 
 @register_rule("relax.broadcast_to")
 def _broadcast_to(call):
     x = call.args[0]
-    return _view(call, x, lambda *v: _broadcast_index(v, shape_of(x)))
+    in_shape, out_shape = dims_of(x), dims_of(call)
+    lead = len(out_shape) - len(in_shape)
+    for d, o in zip(in_shape, out_shape[lead:]):
+        if not isinstance(d, int) and not (isinstance(o, tvm.ir.Expr) and d.same_as(o)):
+            # A symbolic source dimension may be 1 (broadcast) or not at run time.
+            raise Unsupported(f"broadcast of symbolic dimension {d} to {o}")
+    return _view(call, x, lambda *v: _broadcast_index(v, in_shape))
 
 
 @register_rule("relax.tile")
 def _tile(call):
     x = call.args[0]
-    in_shape = shape_of(x)
+    in_shape = dims_of(x)
     return _view(call, x, lambda *v: [tirx.floormod(vi, d)
                                       for vi, d in zip(v[len(v) - len(in_shape):], in_shape)])
 
@@ -237,9 +262,9 @@ def _repeat(call):
     x = call.args[0]
     reps = int(call.attrs.repeats)
     if call.attrs.axis is None:  # repeat of the flattened tensor
-        in_shape = shape_of(x)
+        in_shape = dims_of(x)
         return _view(call, x, lambda v: _unravel(tirx.floordiv(v, reps), in_shape))
-    axis = int(call.attrs.axis) % len(shape_of(x))
+    axis = int(call.attrs.axis) % len(dims_of(x))
     return _view(call, x, lambda *v: [tirx.floordiv(vi, reps) if a == axis else vi
                                       for a, vi in enumerate(v)])
 
@@ -247,7 +272,7 @@ def _repeat(call):
 @register_rule("relax.flip")
 def _flip(call):
     x = call.args[0]
-    in_shape = shape_of(x)
+    in_shape = dims_of(x)
     axis = int(call.attrs.axis) % len(in_shape)
     return _slice_view(call, x, {axis: (in_shape[axis] - 1, -1)})
 
@@ -257,7 +282,7 @@ def _pad(call):
     if call.attrs.pad_mode != "constant":
         raise Unsupported(f"pad mode {call.attrs.pad_mode}")
     x = call.args[0]
-    in_shape = shape_of(x)
+    in_shape = dims_of(x)
     before = [int(p) for p in call.attrs.pad_width[0::2]]
     value = float(call.attrs.pad_value)
 
@@ -268,7 +293,7 @@ def _pad(call):
         return [Piece(0, [vi - lo for vi, lo in zip(v, before)], tirx.all(*inside)),
                 Piece(None, value=tirx.const(value, dtype_of(x)))]
 
-    return VirtualTensor(Mapping.build(shape_of(call), dtype_of(call), [(in_shape, dtype_of(x))], body), [x])
+    return VirtualTensor(Mapping.build(dims_of(call), dtype_of(call), [(in_shape, dtype_of(x))], body), [x])
 
 
 @register_rule("relax.layout_transform")
@@ -293,8 +318,8 @@ def _layout_transform(call):
 
 def _indirect(call, body):
     x, idx = call.args[0], call.args[1]
-    types = [(shape_of(x), dtype_of(x)), (shape_of(idx), dtype_of(idx))]
-    return VirtualTensor(Mapping.build(shape_of(call), dtype_of(call), types, body), [x, idx])
+    types = [(dims_of(x), dtype_of(x)), (dims_of(idx), dtype_of(idx))]
+    return VirtualTensor(Mapping.build(dims_of(call), dtype_of(call), types, body), [x, idx])
 
 
 def _as_index(e):
@@ -303,8 +328,8 @@ def _as_index(e):
 
 @register_rule("relax.take")
 def _take(call):
-    in_shape = shape_of(call.args[0])
-    idx_rank = len(shape_of(call.args[1]))
+    in_shape = dims_of(call.args[0])
+    idx_rank = len(dims_of(call.args[1]))
     axis = int(call.attrs.axis) % len(in_shape) if call.attrs.axis is not None else None
     if axis is None:
         raise Unsupported("take without axis (flattened) is not supported")
@@ -325,7 +350,7 @@ def _take(call):
 
 @register_rule("relax.gather_elements")
 def _gather_elements(call):
-    axis = int(call.attrs.axis) % len(shape_of(call.args[0]))
+    axis = int(call.attrs.axis) % len(dims_of(call.args[0]))
 
     def body(v, srcs):
         i = _as_index(tirx.BufferLoad(srcs[1], list(v)))
@@ -337,8 +362,8 @@ def _gather_elements(call):
 @register_rule("relax.gather_nd")
 def _gather_nd(call):
     b = int(call.attrs.batch_dims)
-    idx_shape = shape_of(call.args[1])
-    k, m = idx_shape[-1], len(idx_shape) - 1 - b  # index depth, index batch rank
+    idx_shape = dims_of(call.args[1])
+    k, m = static(idx_shape[-1]), len(idx_shape) - 1 - b  # index depth, index batch rank
 
     def body(v, srcs):
         lead = list(v[: b + m])

@@ -25,7 +25,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from . import inplace as inplace_updates
 from .analysis import call_tir_kernel, contiguity, index_copy_mapping, op_pattern
 from .mapping import VirtualTensor
-from .rewrite import NotRewritable, best_schedulable, check_schedulable, inline_mapping
+from .rewrite import NotRewritable, best_schedulable, check_schedulable, rewritten_forms
 from .rules import Unsupported, get_rule
 from .strategy import get_strategy
 
@@ -82,7 +82,10 @@ class _VirtualTensorizer(PyExprMutator):
         if rule is None or (self.ops is not None and name not in self.ops):
             return None
         try:
-            return rule(self._with_literal_tuples(value))
+            vt = rule(self._with_literal_tuples(value))
+            for part in vt if isinstance(vt, list) else [vt]:
+                _check_symbols(part)
+            return vt
         except Unsupported as err:
             self._log(var, name, False, f"{name} left as is: {err}")
             return None
@@ -205,10 +208,12 @@ class _VirtualTensorizer(PyExprMutator):
         gv = legal.args[0]
         func = self.builder_.get()[gv]
         args = list(legal.args[1].fields)
-        # The legalized call must read exactly the original tensors, in order.
+        # The legalized call must read the original tensors (constants may be folded into the
+        # PrimFunc) and otherwise only the values of symbolic dimensions.
         tensors = [a for a in call.args if isinstance(a.ty, relax.TensorType)]
-        if len(args) != len(tensors) or any(not a.same_as(t) for a, t in zip(args, tensors)):
-            return None
+        for a in args:
+            if not (isinstance(a.ty, tvm.ir.PrimType) or any(a.same_as(t) for t in tensors)):
+                return None
         return func, call.op.name.split(".")[-1], args
 
     def _rewrite_consumer(self, var, call):
@@ -237,9 +242,7 @@ class _VirtualTensorizer(PyExprMutator):
             decision = self.strategy(vt.mapping, self._contiguity_of(vt), pattern)
             if decision.take:
                 try:
-                    # The plain form first: only DLight needs split axes (ties keep the plain one).
-                    forms = [inline_mapping(func, len(new_args), vt.mapping, name=arg.name,
-                                            normalize=normalize)[0] for normalize in (False, True)]
+                    forms = rewritten_forms(func, len(new_args), vt.mapping, arg.name, self.target)
                     func = best_schedulable(func, forms, self.target)
                 except NotRewritable as err:
                     decision = type(decision)(False, str(err))
@@ -258,6 +261,16 @@ class _VirtualTensorizer(PyExprMutator):
         if vt.mapping not in self._contiguity:
             self._contiguity[vt.mapping] = contiguity(vt.mapping)
         return self._contiguity[vt.mapping]
+
+
+def _check_symbols(vt: VirtualTensor):
+    """A symbolic dimension of a virtual tensor must be a dimension of one of its sources:
+    otherwise neither a copy kernel nor a rewritten consumer could learn its value."""
+    defined = [d for j in range(len(vt.mapping.sources)) for d in vt.mapping.source_shape(j)
+               if isinstance(d, tvm.ir.Var)]
+    for symbol in vt.mapping.symbols:
+        if not any(symbol.same_as(d) for d in defined):
+            raise Unsupported(f"symbolic dimension {symbol} is not a dimension of any source")
 
 
 def _op_name(value):
