@@ -96,15 +96,41 @@ def test_bad_model(tmp_path, case):
     _assert_error(_cli("compile", *args), message)
 
 
-def test_symbolic_dim_needs_shape(good_model):
-    _assert_error(_cli("compile", good_model), "input 'x' has symbolic ('N') dim 0 in shape [N, 8]; "
-                                               "give static sizes with --shape x=D,8")
-    r = _cli("compile", good_model, "--shape", "x=4,8")
+def test_symbolic_dim_stays_symbolic(good_model):
+    """A named symbolic dim (dim_param N) is kept: the transpose still becomes virtual, and
+    --check runs at the --dim size against onnxruntime (the model is only valid for N = 4)."""
+    for extra in (["--dim", "N=4"],):
+        r = _cli("compile", good_model, "--strategy", "all", "--check", "--report", *extra)
+        assert r.returncode == 0, r.stdout + r.stderr
+        assert "kernels: stock 3 (1 data-movement) -> vtc 2 (0 data-movement)" in r.stdout
+        assert "check: vtc vs onnxruntime: ok" in r.stdout, r.stdout
+
+
+def test_symbolic_dims_default_check_size(tmp_path):
+    """Batch and sequence symbolic: MatMul -> Transpose -> Softmax, checked at the default size."""
+    w = np.random.default_rng(1).standard_normal((8, 8)).astype("float32")
+    nodes = [h.make_node("MatMul", ["x", "w"], ["a"]), h.make_node("Transpose", ["a"], ["t"], perm=[0, 2, 1]),
+             h.make_node("Softmax", ["t"], ["y"], axis=-1)]
+    path = _save(tmp_path, nodes, [h.make_tensor_value_info("x", TP.FLOAT, ["B", "S", 8])],
+                 [h.make_tensor_value_info("y", TP.FLOAT, ["B", 8, "S"])], [("w", w)], name="bs.onnx")
+    r = _cli("compile", path, "--strategy", "all", "--check", "--report")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "kernels: stock 3 (1 data-movement) -> vtc 2 (0 data-movement)" in r.stdout
+    assert "check: vtc vs onnxruntime: ok" in r.stdout, r.stdout
+
+
+def test_unknown_dim_needs_shape(tmp_path):
+    path = _save(tmp_path, [h.make_node("Relu", ["x"], ["y"])], [h.make_tensor_value_info("x", TP.FLOAT, [None, 8])],
+                 [h.make_tensor_value_info("y", TP.FLOAT, [None, 8])], name="unknown.onnx")
+    _assert_error(_cli("compile", path), "input 'x' has unknown dim 0 in shape [?, 8]; "
+                                         "give static sizes with --shape x=D,8")
+    r = _cli("compile", path, "--shape", "x=4,8")
     assert r.returncode == 0, r.stderr
 
 
 @pytest.mark.parametrize("shape, message", [
     ("x=4,a", "not NAME=D1,D2,..."), ("x", "not NAME=D1,D2,..."), ("x=0,8", "positive integer sizes"),
+    ("x=-1,8", "positive integer sizes"),
     ("x=4", "1 dims given, the model says rank 2"), ("x=4,7", "dim 1 must be 8"), ("z=4,8", "unknown input 'z'"),
 ])
 def test_bad_shape(good_model, shape, message):

@@ -34,6 +34,13 @@ def _shape_arg(text: str) -> tuple[str, list[int]]:
     return name, shape
 
 
+def _dim_arg(text: str) -> tuple[str, int]:
+    name, eq, size = text.rpartition("=")
+    if not eq or not name or not size.isdigit() or int(size) <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=SIZE with a positive integer size")
+    return name, int(size)
+
+
 def _parser() -> _Parser:
     ap = _Parser(prog="python -m vtc_tvm", description="vtc-tvm: virtual tensors for TVM Relax.")
     sub = ap.add_subparsers(dest="command", required=True, metavar="{demo,compile}")
@@ -43,7 +50,10 @@ def _parser() -> _Parser:
     c.add_argument("--target", choices=["llvm", "cuda"], default="llvm")
     c.add_argument("--strategy", choices=["contiguity", "all"], default="contiguity")
     c.add_argument("--shape", type=_shape_arg, action="append", default=[], metavar="NAME=D1,D2,...",
-                   help="static shape of an input with symbolic or unknown dims (repeatable)")
+                   help="static shape of an input (needed for unknown dims; named symbolic dims "
+                        "otherwise stay symbolic) (repeatable)")
+    c.add_argument("--dim", type=_dim_arg, action="append", default=[], metavar="NAME=SIZE",
+                   help=f"size of a symbolic dim for --check (default {_CHECK_SIZE}) (repeatable)")
     c.add_argument("--check", action="store_true",
                    help="compare vtc with stock TVM (and onnxruntime when installed) on random inputs")
     c.add_argument("--out", metavar="lib.so", help="export the compiled vtc library")
@@ -77,17 +87,31 @@ def _stage(what: str, fn, *args):
         raise _Fail(f"{what} failed: {type(e).__name__}: {msg} (VTC_TVM_DEBUG=1 shows the traceback)") from None
 
 
-def _random_inputs(mod, seed: int) -> list[np.ndarray]:
-    """Random values for ``main``'s parameters; integers are 0/1 so index inputs stay in range."""
+_CHECK_SIZE = 3  # symbolic dims of --check inputs without a --dim
+
+
+def _random_inputs(mod, seed: int, dims: dict) -> list[np.ndarray]:
+    """Random values for ``main``'s parameters (symbolic dims sized by ``dims``, by name);
+    integers are 0/1 so index inputs stay in range."""
     rng = np.random.default_rng(seed)
     arrays = []
     for p in mod["main"].params:
-        shape, dtype = [int(d) for d in p.ty.shape], str(p.ty.dtype)
+        shape, dtype = [_size(d, dims) for d in p.ty.shape], str(p.ty.dtype)
         if dtype.startswith("float") or dtype == "bfloat16":
             arrays.append(rng.standard_normal(shape).astype(dtype))
         else:
             arrays.append(rng.integers(0, 2, shape).astype(dtype))
     return arrays
+
+
+def _size(dim, dims: dict) -> int:
+    """A parameter dim at the --check sizes: symbolic dims by name (default _CHECK_SIZE)."""
+    import tvm
+    import tvm_ffi
+
+    sized = tvm_ffi.structural_map(dim, (tvm.ir.Var, lambda v: tvm.tirx.IntImm(
+        str(v.ty), dims.get(v.name, _CHECK_SIZE))), order="post")
+    return int(tvm.sym.Analyzer().simplify(sized))
 
 
 def _onnxruntime(path: str, inputs: list[np.ndarray]):
@@ -108,7 +132,8 @@ def _check(args, mod, executables, dev) -> int:
     from .demo import mismatch
     from .report import run_vm
 
-    inputs = _stage("making random inputs", _random_inputs, mod, args.seed)  # numpy lacks e.g. bfloat16
+    # numpy lacks e.g. bfloat16
+    inputs = _stage("making random inputs", _random_inputs, mod, args.seed, dict(args.dim))
     outs = {name: _stage(f"running the {name} build", run_vm, ex, dev, inputs) for name, ex in executables.items()}
     ort, why = _onnxruntime(args.model, inputs)
     if ort is None:

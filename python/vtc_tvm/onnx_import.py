@@ -6,8 +6,9 @@ TVM's ``from_onnx`` is lenient in ways that surface far from the cause (TVM 0.27
 * ``onnx.checker`` failures are only *warned* about; the import then dies with e.g. ``KeyError``.
 * unsupported ops raise ``OpNotImplemented`` naming the op type but not the node or its domain
   (a custom-domain op whose name happens to be a standard op is silently imported as that op).
-* symbolic (``dim_param``) or unknown dims silently become symbolic Relax shapes, which the
-  default pipelines cannot plan; unknown rank only warns.
+* unknown dims (neither a size nor a ``dim_param`` name) silently become fresh symbolic Relax
+  dims, and ``dim_value`` 0 reads as unknown; unknown rank only warns. Named symbolic dims
+  (``dim_param``) are fine: they stay symbolic, shared by name, and flow through mappings.
 * complex and string tensors fail with ``ValueError: unknown dtype `complex64``` / ```object```.
 """
 
@@ -33,8 +34,9 @@ def load_onnx(path_or_model, shape_dict: Mapping[str, Sequence[int]] | None = No
               keep_params_in_input: bool = False) -> tvm.IRModule:
     """Check and import an ONNX model (a path, bytes or ``ModelProto``) as a Relax module.
 
-    ``shape_dict`` gives static shapes for inputs with symbolic or unknown dims. Initializers
-    stay constants unless ``keep_params_in_input``.
+    ``shape_dict`` gives static shapes for inputs (required where a dim is unknown; optional
+    for named symbolic dims, which otherwise stay symbolic). Initializers stay constants unless
+    ``keep_params_in_input``.
     """
     model = _read(path_or_model)
     try:
@@ -108,15 +110,15 @@ def _input_shapes(graph: onnx.GraphProto, given: dict) -> dict:
     shapes = {}
     for i in inputs:
         tt = i.type.tensor_type
-        dims = [d.dim_value if d.dim_value > 0 else (d.dim_param or "?") for d in tt.shape.dim]
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tt.shape.dim]
         if i.name in given:
             shape = [int(d) for d in given[i.name]]
             if tt.HasField("shape") and len(shape) != len(dims):
                 raise InputError(f"--shape {i.name}: {len(shape)} dims given, the model says rank "
                                  f"{len(dims)} {_fmt(dims)}")
             clash = [(k, d) for k, (s, d) in enumerate(zip(shape, dims)) if isinstance(d, int) and s != d]
-            if clash or any(s <= 0 for s in shape):
-                k, d = clash[0] if clash else (0, "a positive size")
+            if clash or any(s < 0 for s in shape):
+                k, d = clash[0] if clash else (0, "a size >= 0")
                 raise InputError(f"--shape {i.name}={','.join(map(str, shape))} conflicts with the model "
                                  f"({_fmt(dims)}: dim {k} must be {d})")
             shapes[i.name] = shape
@@ -124,12 +126,12 @@ def _input_shapes(graph: onnx.GraphProto, given: dict) -> dict:
         example = ",".join(str(d) if isinstance(d, int) else "D" for d in dims)
         if not tt.HasField("shape"):
             raise InputError(f"input {i.name!r} has unknown rank; give its shape with --shape {i.name}=D1,D2,...")
-        free = [(k, d) for k, d in enumerate(dims) if not isinstance(d, int)]
-        if free:
-            k, d = free[0]
-            what = "unknown" if d == "?" else f"symbolic ({d!r})"
-            raise InputError(f"input {i.name!r} has {what} dim {k} in shape {_fmt(dims)}; "
+        unknown = [k for k, d in enumerate(dims) if d == "?"]
+        if unknown:
+            raise InputError(f"input {i.name!r} has unknown dim {unknown[0]} in shape {_fmt(dims)}; "
                              f"give static sizes with --shape {i.name}={example}")
+        if all(isinstance(d, int) for d in dims):
+            shapes[i.name] = dims  # also keeps a 0 (which from_onnx would read as unknown)
     return shapes
 
 
