@@ -40,9 +40,10 @@ _OWN_COPY_OPS = {"relax.nn.pixel_shuffle"}
 
 @mutator
 class _VirtualTensorizer(PyExprMutator):
-    def __init__(self, mod, strategy, ops, report, target, inplace=(), physical=frozenset()):
+    def __init__(self, mod, strategy, ops, report, target, inplace=(), physical=frozenset(), profiler=None):
         super().__init__(mod)
         self.mod, self.strategy, self.ops, self.report, self.target = mod, strategy, ops, report, target
+        self.profiler = profiler
         self.inplace = set(inplace)
         # Movement results that stay materialised anyway (found by an earlier round): reading
         # them is cheaper than reading through them, which would keep their sources alive.
@@ -243,7 +244,13 @@ class _VirtualTensorizer(PyExprMutator):
             if decision.take:
                 try:
                     forms = rewritten_forms(func, len(new_args), vt.mapping, arg.name, self.target)
-                    func = best_schedulable(func, forms, self.target)
+                    rewritten = best_schedulable(func, forms, self.target)
+                    verdict = None if self.profiler is None else self.profiler.compare(
+                        func, vt.mapping.to_prim_func("vtc_copy"), rewritten)
+                    if verdict is not None:
+                        decision = type(decision)(verdict[0], f"{decision.reason}; {verdict[1]}")
+                    if decision.take:
+                        func = rewritten
                 except NotRewritable as err:
                     decision = type(decision)(False, str(err))
             self._log(arg, name, decision.take, decision.reason)
@@ -315,6 +322,7 @@ def VirtualTensorize(
     report: Optional[list] = None,
     target: Optional[Union[str, dict, tvm.target.Target]] = None,
     inplace: Sequence[str] = (),
+    profile: Union[bool, "EdgeProfiler"] = False,
 ) -> tvm.transform.Pass:
     """Eliminate data-movement ops by making their outputs virtual tensors.
 
@@ -337,17 +345,31 @@ def VirtualTensorize(
         ``scatter_elements`` and ``slice_scatter`` into them write only the new elements
         instead of copying the whole tensor. This changes the calling convention, so it is off
         by default.
+    profile : bool or EdgeProfiler
+        Time every edge the strategy accepts on the target's device (copy + consumer against
+        the rewritten consumer, see :mod:`vtc_tvm.profile`) and take it only if it is not
+        slower. Needs the device; costs a kernel build per distinct edge.
     """
+    from .profile import EdgeProfiler
+
     choose = get_strategy(strategy)
     allowed = None if ops is None else set(ops)
+    profiler = profile if isinstance(profile, EdgeProfiler) else None
+    if profile is True and target is not None:
+        profiler = EdgeProfiler(target)  # fail now, not inside the pass, without a device
 
     @tvm.transform.module_pass(opt_level=0, name="VirtualTensorize")
     def _virtual_tensorize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = tvm.target.Target(target) if target is not None else tvm.target.Target.current(allow_none=True)
+        nonlocal profiler
+        if profile is True and profiler is None:
+            if tgt is None:
+                raise ValueError("VirtualTensorize(profile=True) needs a target")
+            profiler = EdgeProfiler(tgt)
         physical, earlier = frozenset(), []
         for _ in range(_MAX_ROUNDS):
             decisions = []
-            mutator = _VirtualTensorizer(mod, choose, allowed, decisions, tgt, inplace, physical)
+            mutator = _VirtualTensorizer(mod, choose, allowed, decisions, tgt, inplace, physical, profiler)
             out = relax.transform.DeadCodeElimination()(mutator.transform())
             # Movement results still bound are materialised: next round, read them directly.
             stayed = _bound_vars(out) & mutator.movement_vars

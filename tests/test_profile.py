@@ -1,0 +1,89 @@
+"""On-device profiling (``VirtualTensorize(profile=...)``): measured timings decide each edge."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import vtc_tvm
+from vtc_tvm.profile import EdgeProfiler
+
+from .conftest import make_module, run
+
+R = relax.op
+F32 = "float32"
+
+
+def _module():
+    # A transposed GEMM operand and a softmax over a transpose.
+    return make_module([((128, 64), F32), ((128, 32), F32), ((32, 48), F32)],
+                       lambda x, w, y: (R.matmul(R.permute_dims(x), w), R.nn.softmax(R.permute_dims(y), axis=-1)))
+
+
+def test_profiled_on_cpu(rng):
+    """On LLVM the kernels are timed on the CPU; every accepted edge says what was measured,
+    and the result is stock TVM's, whichever way the timings went."""
+    mod = _module()
+    report = []
+    out = vtc_tvm.VirtualTensorize(strategy="all", target="llvm", profile=True, report=report)(mod)
+    assert len(report) == 2 and all("profiled:" in e["reason"] for e in report), report
+    inputs = [rng.standard_normal(s).astype(F32) for s in [(128, 64), (128, 32), (32, 48)]]
+    for got, want in zip(run(out, inputs), run(mod, inputs), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+class _FixedTimes(EdgeProfiler):
+    """Timings by role: the rewritten consumer carries the ``vtc.virtual_inputs`` attribute,
+    the copy kernel is a one-block pure copy."""
+
+    def __init__(self, virtual_us):
+        super().__init__("llvm")
+        self.virtual_us, self.timed = virtual_us, []
+
+    def time_us(self, func):
+        from vtc_tvm.analysis import index_copy_mapping
+
+        role = "virtual" if "vtc.virtual_inputs" in (func.attrs or {}) else (
+            "copy" if index_copy_mapping(func) is not None else "consumer")
+        self.timed.append(role)
+        return {"virtual": self.virtual_us, "copy": 5.0, "consumer": 10.0}[role]
+
+
+@pytest.mark.parametrize("virtual_us, taken", [(14.0, True), (15.2, True), (15.4, False), (40.0, False)])
+def test_decision_follows_the_timings(virtual_us, taken, rng):
+    """Taken iff rewritten <= (copy + consumer) x 1.02."""
+    mod = make_module([((16, 8), F32), ((16, 4), F32)], lambda x, w: R.matmul(R.permute_dims(x), w))
+    profiler = _FixedTimes(virtual_us)
+    report = []
+    out = vtc_tvm.VirtualTensorize(strategy="all", profile=profiler, report=report)(mod)
+    assert sorted(profiler.timed) == ["consumer", "copy", "virtual"]
+    (entry,) = report
+    assert entry["virtual"] is taken, entry
+    assert f"{virtual_us:.1f} us" in entry["reason"] and "copy 5.0 + consumer 10.0 us" in entry["reason"]
+    ops = []
+    relax.analysis.post_order_visit(out["main"], lambda e: ops.append(e.op.name) if isinstance(e, relax.Call)
+                                    and isinstance(e.op, tvm.ir.Op) else None)
+    assert ("relax.permute_dims" in ops) is not taken
+    inputs = [rng.standard_normal((16, 8)).astype(F32), rng.standard_normal((16, 4)).astype(F32)]
+    np.testing.assert_allclose(run(out, inputs)[0], run(mod, inputs)[0], rtol=1e-6, atol=1e-6)
+
+
+def test_timings_are_cached():
+    profiler = EdgeProfiler("llvm", number=1, repeat=1)
+    mod = make_module([((16, 8), F32)], lambda x: R.exp(x))
+    with tvm.target.Target("llvm"):
+        legal = relax.transform.LegalizeOps()(mod)
+    func = next(f for _, f in legal.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+    first = profiler.time_us(func)
+    assert first > 0 and profiler.time_us(func) == first and len(profiler._cache) == 1
+
+
+def test_profile_needs_the_device():
+    if tvm.cuda(0).exist:
+        pytest.skip("a CUDA device is visible: nothing to refuse")
+    from vtc_tvm.pipeline import cuda_target
+
+    with pytest.raises(RuntimeError, match="needs a cuda device"):
+        vtc_tvm.VirtualTensorize(profile=True, target=cuda_target())
