@@ -14,7 +14,8 @@ from tvm import relax
 import vtc_tvm
 from vtc_tvm.rewrite import MAPPING_ATTR
 
-from .conftest import (called_prim_funcs, emit, kernels, make_module, param, random_inputs, run)
+from .conftest import (FUSE, LLVM, called_prim_funcs, emit, kernels, make_module, param, random_inputs,
+                       run)
 
 R = relax.op
 F32 = "float32"
@@ -553,3 +554,24 @@ def test_legalized_input_matches_stock(case, rng):
     out = vtc_tvm.VirtualTensorize(strategy="all")(legal)
     assert relax.analysis.check_well_formed(out)
     assert_outputs_equal(run(out, inputs), run(mod, inputs))
+
+
+def test_rewritten_gemm_fuses_like_a_gemm():
+    """A GEMM that reads through a mapping stays OutEWiseFusable for FuseOps: its elementwise
+    epilogue fuses into it, an elementwise producer (RoPE before attention) does not. On a GPU
+    target the GQA read gets split head axes, which AnnotateTIROpPattern alone would call a
+    plain reduction."""
+    from vtc_tvm.pipeline import cuda_target
+
+    F16 = "float16"
+    # GQA decode: q (b, 32 heads, 1, d) @ repeat_kv(k (b, 8 kv heads, t, d))^T
+    mod = make_module([((16, 32, 1, 128), F16), ((16, 8, 256, 128), F16)], lambda q, k: R.multiply(
+        R.matmul(R.exp(q), R.permute_dims(R.repeat(k, 4, axis=1), [0, 1, 3, 2])), relax.const(0.5, F16)))
+    target = cuda_target()
+    report = []
+    out = vtc_tvm.VirtualTensorize(target=target, report=report)(mod)
+    assert any(e["virtual"] and e["consumer"] == "matmul" for e in report), report
+    with target:
+        names = [n for n, _ in called_prim_funcs(FUSE(out))]
+    assert any("matmul" in n and "multiply" in n for n in names), names
+    assert not any("exp" in n and "matmul" in n for n in names), names
