@@ -358,6 +358,33 @@ def test_index_copy_mapping_of_stock_kernel(case, rng):
     np.testing.assert_array_equal(mapping.apply_numpy(inputs), run(mod, inputs, fused=False)[0])
 
 
+FUSED_CHAINS = [
+    ("reshape_transpose", [((6, 20), F32)], lambda x: R.permute_dims(R.reshape(x, (2, 3, 4, 5)), [0, 2, 1, 3])),
+    ("channel_shuffle_of_concat", [((1, 4, 3, 3), F32), ((1, 4, 3, 3), F32)],
+     lambda a, b: R.reshape(R.permute_dims(R.reshape(R.concat([a, b], axis=1), (1, 2, 4, 3, 3)),
+                                           [0, 2, 1, 3, 4]), (1, 8, 3, 3))),
+    ("pad_flip", [((4, 5), F32)], lambda x: R.flip(R.nn.pad(x, [1, 0, 0, 2], pad_value=1.5), axis=1)),
+    ("slice_transpose_expand", [((7, 3), F32)],
+     lambda x: R.expand_dims(R.permute_dims(R.strided_slice(x, [0], [6], [0], [-2])), 1)),
+]
+
+
+@pytest.mark.parametrize("case", FUSED_CHAINS, ids=[c[0] for c in FUSED_CHAINS])
+def test_index_copy_mapping_of_fused_chains(case, rng):
+    """A fused chain of copy blocks (what FuseOps/FuseTIR make of movement ops) is one mapping."""
+    _, params, body = case
+    mod = make_module(params, body)
+    with LLVM:
+        fused = relax.transform.FuseTIR()(relax.transform.FuseOps()(
+            relax.transform.AnnotateTIROpPattern()(relax.transform.LegalizeOps()(mod))))
+    ((_, func),) = called_prim_funcs(fused)
+    assert len(vtc_tvm.analysis._non_root_blocks(func)) > 1
+    mapping = index_copy_mapping(func)
+    assert mapping is not None
+    inputs = random_inputs(params, rng)
+    np.testing.assert_array_equal(mapping.apply_numpy(inputs), run(mod, inputs)[0])
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_stock_movement_kernels_are_data_movement(case):
     assert is_data_movement(_legalized_kernel(make_module(case[2], case[3])))

@@ -39,46 +39,83 @@ def _non_root_blocks(func):
 
 
 def index_copy_mapping(func: tirx.PrimFunc) -> Optional[Mapping]:
-    """The mapping of ``func`` if it is a one-block pure index copy into its last parameter."""
+    """The mapping of ``func`` if it is a pure index copy into its last parameter: one copy
+    block, or a chain of them through intermediate buffers (a fused reshape-transpose), which
+    compose into one mapping."""
     if not isinstance(func, tirx.PrimFunc) or len(func.params) < 2:
-        return None
-    blocks = _non_root_blocks(func)
-    if len(blocks) != 1:
-        return None
-    block = blocks[0]
-    store = block.body
-    out, inputs = func.params[-1], list(func.params[:-1])
-    if block.init is not None or not isinstance(store, tirx.BufferStore):
-        return None
-    if not store.buffer.same_as(out) or len(store.indices) != len(block.iter_vars):
-        return None
-    if any(not idx.same_as(iv.var) for idx, iv in zip(store.indices, block.iter_vars)):
-        return None
-    if any(iv.iter_type != 0 for iv in block.iter_vars):  # data-parallel axes only
         return None
     if any(not tirx.is_buffer_var(p) for p in func.params):
         return None
-    shape = []
-    for d in out.shape:
-        if not isinstance(d, tirx.IntImm):
+    out, inputs = func.params[-1], list(func.params[:-1])
+    if not all(isinstance(d, tirx.IntImm) for p in func.params for d in p.shape):
+        return None
+    blocks = _non_root_blocks(func)
+    # Each buffer a block has written so far, with its mapping and the input each source is.
+    written = {}
+    for k, block in enumerate(blocks):
+        last = k == len(blocks) - 1
+        found = _block_mapping(block, inputs + list(written))
+        if found is None:
             return None
-        shape.append(int(d.value))
+        target, mapping = found
+        if target.same_as(out) != last or target in written or any(target.same_as(p) for p in inputs):
+            return None
+        origins = list(range(len(inputs))) + [None] * len(written)
+        # Compose the intermediates (highest source first: compose renumbers those after j).
+        for j, buf in reversed(list(enumerate(inputs + list(written)))):
+            if j < len(inputs):
+                continue
+            inner, inner_origins = written[buf]
+            mapping = mapping.compose(j, inner)
+            origins = origins[:j] + origins[j + 1:] + inner_origins
+        written[target] = (mapping, origins)
+    if not blocks or out not in written:
+        return None
+    mapping, origins = written[out]
+    if not any(p.source is not None for p in mapping.pieces):
+        return None
+    return _on_inputs(mapping, origins, inputs)
+
+
+def _block_mapping(block, readable):
+    """``(written buffer, Mapping over readable)`` of a block that copies ``readable``
+    elements into a whole buffer; None for anything else."""
+    store = block.body
+    if block.init is not None or not isinstance(store, tirx.BufferStore):
+        return None
+    if len(store.indices) != len(block.iter_vars) or len(store.buffer.shape) != len(block.iter_vars):
+        return None
+    for idx, iv, extent in zip(store.indices, block.iter_vars, store.buffer.shape):
+        if not idx.same_as(iv.var) or iv.iter_type != 0:  # data-parallel, in order, everywhere
+            return None
+        if not (isinstance(iv.dom.min, tirx.IntImm) and int(iv.dom.min) == 0
+                and isinstance(iv.dom.extent, tirx.IntImm) and int(iv.dom.extent) == int(extent)):
+            return None
     try:
-        pieces = _pieces(store.value, inputs)
+        pieces = _pieces(store.value, readable)
     except _NotACopy:
         return None
-    if not any(p.source is not None for p in pieces):
-        return None
-    sources = [new_buffer(p.shape, p.dtype, f"src{j}") for j, p in enumerate(inputs)]
-    vmap = {iv.var: v for iv, v in zip(block.iter_vars, _new_vars(len(shape)))}
-    rename = lambda e: _rename(e, vmap, inputs, sources)
+    sources = [new_buffer(p.shape, p.dtype, f"src{j}") for j, p in enumerate(readable)]
+    vmap = {iv.var: v for iv, v in zip(block.iter_vars, _new_vars(len(block.iter_vars)))}
+    rename = lambda e: _rename(e, vmap, readable, sources)
     pieces = [
         Piece(p.source, tuple(rename(e) for e in p.indices),
               None if p.cond is None else rename(p.cond),
               None if p.value is None else p.value)
         for p in pieces
     ]
-    return Mapping(shape, str(out.dtype), sources, list(vmap.values()), pieces).simplify()
+    shape = [int(d) for d in store.buffer.shape]
+    return store.buffer, Mapping(shape, str(store.buffer.dtype), sources, list(vmap.values()), pieces).simplify()
+
+
+def _on_inputs(mapping: Mapping, origins, inputs) -> Mapping:
+    """``mapping`` with one source per PrimFunc input, in parameter order (composition may
+    have left several copies of one input, or dropped an unused one)."""
+    sources = [new_buffer(p.shape, p.dtype, f"src{j}") for j, p in enumerate(inputs)]
+    rebind = lambda e: _rebind_loads(e, mapping.sources, lambda j, idx: tirx.BufferLoad(sources[origins[j]], idx))
+    pieces = [Piece(None if p.source is None else origins[p.source], tuple(rebind(e) for e in p.indices),
+                    None if p.cond is None else rebind(p.cond), p.value) for p in mapping.pieces]
+    return Mapping(mapping.shape, mapping.dtype, sources, mapping.vars, pieces).simplify()
 
 
 class _NotACopy(Exception):
