@@ -83,10 +83,7 @@ class _VirtualTensorizer(PyExprMutator):
         if rule is None or (self.ops is not None and name not in self.ops):
             return None
         try:
-            vt = rule(self._with_literal_tuples(value))
-            for part in vt if isinstance(vt, list) else [vt]:
-                _check_symbols(part)
-            return vt
+            return rule(self._with_literal_tuples(value))
         except Unsupported as err:
             self._log(var, name, False, f"{name} left as is: {err}")
             return None
@@ -101,6 +98,25 @@ class _VirtualTensorizer(PyExprMutator):
         if not changed:
             return call
         return self.builder_.normalize(relax.Call(call.op, args, call.attrs, call.ty_args))
+
+    def _composed(self, var, vt):
+        """``vt`` (or each part of a split) over physical tensors where possible; None when a
+        symbolic dimension could not be learnt from the sources (logged)."""
+        parts = vt if isinstance(vt, list) else [vt]
+        out = []
+        for part in parts:
+            try:
+                composed = self._compose(part)
+                _check_symbols(composed)
+            except Unsupported:
+                composed = part  # read through the direct sources instead
+                try:
+                    _check_symbols(part)
+                except Unsupported as err:
+                    self._log(var, _op_name(self.lookup_binding(var)) or "movement", False, f"left as is: {err}")
+                    return None
+            out.append(composed)
+        return out if isinstance(vt, list) else out[0]
 
     def _compose(self, vt: VirtualTensor) -> VirtualTensor:
         """Express ``vt`` over physical tensors: compose through virtual sources."""
@@ -126,9 +142,9 @@ class _VirtualTensorizer(PyExprMutator):
         if self.inplace and self._update_in_place(binding):
             return
         vt = self._movement(binding.var, value)
-        if vt is not None:
+        composed = None if vt is None else self._composed(binding.var, vt)
+        if composed is not None:
             self.movement_vars.add(binding.var)
-            composed = [self._compose(v) for v in vt] if isinstance(vt, list) else self._compose(vt)
             if binding.var not in self.physical:  # consumers read through it
                 self.virtual[binding.var] = composed
             if not isinstance(vt, list) and self._materialise_directly(value, vt, composed):
@@ -249,6 +265,8 @@ class _VirtualTensorizer(PyExprMutator):
                         func, vt.mapping.to_prim_func("vtc_copy"), rewritten)
                     if verdict is not None:
                         decision = type(decision)(verdict[0], f"{decision.reason}; {verdict[1]}")
+                    elif self.profiler is not None:
+                        decision = type(decision)(True, f"{decision.reason}; not profiled (symbolic shape)")
                     if decision.take:
                         func = rewritten
                 except NotRewritable as err:
