@@ -21,21 +21,30 @@ def _backend(target: tvm.target.Target):
     return backend.gpu_generic.pipeline
 
 
-def fusion_passes(target: tvm.target.Target, stores: bool = True, report=None) -> list:
-    """The backend's legalize/fuse/schedule passes, with the store side after ``FuseTIR``."""
+def fusion_passes(target: tvm.target.Target, stores: bool = True, report=None,
+                  schedule_copies: bool = True) -> list:
+    """The backend's legalize/fuse/schedule passes, with the store side after ``FuseTIR`` and,
+    on GPU targets, vectorised schedules for the copy kernels that remain before DLight."""
+    from .copy_schedule import ScheduleCopies
     from .stores import VirtualTensorizeStores
 
     passes = list(_backend(target).legalize_passes(target))
     if stores:
         at = next(i for i, p in enumerate(passes) if p.info.name == "FuseTIR") + 1
         passes.insert(at, VirtualTensorizeStores(target, report=report))
+    if schedule_copies and "gpu" in target.keys:
+        at = next((i for i, p in enumerate(passes) if p.info.name == "ApplyDefaultSchedule"), len(passes))
+        passes.insert(at, ScheduleCopies(target))
     return passes
 
 
-def vtc_pipeline(target=None, stores: bool = True, **options) -> tvm.transform.Pass:
-    """VirtualTensorize, then TVM's default pipeline for ``target`` (with the store side).
+def vtc_pipeline(target=None, stores: bool = True, schedule_copies: bool = True,
+                 **options) -> tvm.transform.Pass:
+    """VirtualTensorize, then TVM's default pipeline for ``target`` (with the store side and,
+    on GPU targets, vectorised copy kernels: :mod:`vtc_tvm.copy_schedule`).
 
-    ``options`` go to :func:`vtc_tvm.VirtualTensorize` (``strategy``, ``ops``, ``report``).
+    ``options`` go to :func:`vtc_tvm.VirtualTensorize` (``strategy``, ``ops``, ``report``,
+    ``profile``, ...).
     Without a target the stock target-independent build pipeline follows (no fusion, as TVM's
     own ``"default"``), and there is no store side.
     """
@@ -48,7 +57,8 @@ def vtc_pipeline(target=None, stores: bool = True, **options) -> tvm.transform.P
     options.setdefault("target", target)
     backend = _backend(target)
     passes = ([VirtualTensorize(**options)] + list(backend.library_dispatch_passes(target))
-              + fusion_passes(target, stores, options.get("report")) + list(backend.dataflow_lower_passes(target))
+              + fusion_passes(target, stores, options.get("report"), schedule_copies)
+              + list(backend.dataflow_lower_passes(target))
               + list(backend.finalize_passes(target)))
 
     @tvm.transform.module_pass(opt_level=0, name="vtc_pipeline")

@@ -1,0 +1,113 @@
+"""Copies that stay get a bandwidth schedule: 16-byte vector loads and stores on GPU targets.
+
+VirtualTensorize materialises what it cannot eliminate (function outputs such as a grown KV
+cache, rejected edges) as copy kernels. DLight's Fallback rule gives a copy one element per
+thread and recomputes every index with integer divisions; on the H200 such a copy of a KV cache
+moves about 1 TB/s. When every piece of the copy reads a unit-stride run along the innermost
+axis, starting at a multiple of the vector width (proven with ``tvm.sym.Analyzer`` on the
+copy's mapping), :func:`schedule_copy` vectorises that axis instead: each thread moves 16 bytes,
+the piece conditions are evaluated once per vector.
+
+:func:`ScheduleCopies` applies it to the pure-copy kernels of a module before DLight runs (the
+``"vtc"`` pipeline does this on GPU targets); anything it cannot prove is left to DLight.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+from .analysis import _non_root_blocks, index_copy_mapping
+from .mapping import Mapping, _i64, _substitute
+
+VECTOR_BYTES = 16
+THREADS = 256
+
+
+def vector_lanes(mapping: Mapping) -> int:
+    """The widest vector (at most 16 bytes) every piece of ``mapping`` can load aligned along
+    its innermost axis; 1 if none."""
+    if not mapping.shape or any(not isinstance(d, int) for d in mapping.shape):
+        return 1
+    inner, last = mapping.shape[-1], mapping.vars[-1]
+    lanes = VECTOR_BYTES // max(tvm.runtime.DataType(mapping.dtype).bits // 8, 1)
+    while lanes > 1 and not (inner % lanes == 0 and all(_aligned(mapping, p, last, lanes) for p in mapping.pieces)):
+        lanes //= 2
+    return lanes
+
+
+def _aligned(mapping: Mapping, piece, last, lanes: int) -> bool:
+    if piece.cond is not None and _mentions(piece.cond, last):
+        return False  # the piece may change inside a vector
+    if piece.source is None:
+        return True  # a constant
+    ana = mapping.analyzer()
+    strides = _strides(mapping.source_shape(piece.source))
+    offset = sum((_i64(s) * e for s, e in zip(strides, piece.indices)), _i64(0))
+    step = ana.simplify(_substitute(offset, {last: last + 1}) - offset)
+    start = _substitute(offset, {last: _i64(0)})
+    return isinstance(step, tirx.IntImm) and int(step) == 1 and ana.can_prove(tirx.floormod(start, lanes) == 0)
+
+
+def _strides(shape):
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return out[::-1]
+
+
+def _mentions(expr, var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, (tvm.ir.Var, lambda v: found.append(v) if v.same_as(var) else None), order="post")
+    return bool(found)
+
+
+def schedule_copy(func: tirx.PrimFunc, target) -> Optional[tirx.PrimFunc]:
+    """``func`` (a pure copy, possibly a fused chain) scheduled with vector loads/stores on a
+    GPU target, or None when its innermost axis is not provably aligned."""
+    if target is None or "gpu" not in target.keys:
+        return None
+    mapping = index_copy_mapping(func)
+    if mapping is None:
+        return None
+    lanes = vector_lanes(mapping)
+    if lanes == 1:
+        return None
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    blocks = _non_root_blocks(func)
+    try:
+        for block in blocks[:-1]:  # a fused chain: one block that reads through all of it
+            sch.compute_inline(sch.get_sblock(block.name_hint))
+        loops = sch.get_loops(sch.get_sblock(blocks[-1].name_hint))
+        outer, vec = sch.split(loops[-1], [None, lanes])
+        bx, tx = sch.split(sch.fuse(*loops[:-1], outer), [None, THREADS])
+    except tvm.error.TVMError:
+        return None
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(vec)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def ScheduleCopies(target=None) -> tvm.transform.Pass:
+    """Schedule the provably aligned pure-copy kernels of a module (see the module docstring);
+    place it after ``FuseTIR`` and before DLight's ``ApplyDefaultSchedule``."""
+
+    @tvm.transform.module_pass(opt_level=0, name="ScheduleCopies")
+    def _schedule(mod, _ctx):
+        tgt = tvm.target.Target(target) if target is not None else tvm.target.Target.current(allow_none=True)
+        updates = {}
+        for gv, func in mod.functions_items():
+            if isinstance(func, tirx.PrimFunc) and "tirx.is_scheduled" not in (func.attrs or {}):
+                scheduled = schedule_copy(func, tgt)
+                if scheduled is not None:
+                    updates[gv] = scheduled
+        for gv, func in updates.items():
+            mod[gv] = func
+        return mod
+
+    return _schedule
