@@ -1,22 +1,31 @@
 """Differential fuzzer: stock TVM vs ``VirtualTensorize`` on random Relax graphs.
 
-Hypothesis draws a random Relax function (BlockBuilder, high-level ops, static shapes) that
-mixes the data-movement ops vtc-tvm has rules for -- chained, branching, several virtual inputs
-per consumer -- and feeds them into compute ops. Each graph is compiled three times on LLVM
-with the fused default pipeline (stock, ``VirtualTensorize()``, ``VirtualTensorize("all")``) and
-run on the same random inputs. The outputs must agree (fp32: rtol = atol = 1e-6, ints: exact,
-fp16: 1e-3) and the transformed module must be well formed; any exception on the vtc side is a
+Hypothesis draws a random Relax function (BlockBuilder, high-level ops) that mixes the
+data-movement ops vtc-tvm has rules for -- chained, branching, several virtual inputs per
+consumer -- and feeds them into compute ops. Each graph is compiled three times on LLVM with the
+fused default pipeline (stock, ``VirtualTensorize()``, ``VirtualTensorize("all")``) and run on
+the same random inputs. The outputs must agree (fp32: rtol = atol = 1e-6, ints: exact, fp16:
+1e-3) and the transformed module must be well formed; any exception on the vtc side is a
 failure. Graphs that stock TVM itself cannot build or run are discarded.
+
+About 30% of the graphs are *symbolic*: some parameters have one or two symbolic dimensions
+(``n``, ``b``: int64 ``tvm.tirx.Var``, shared by every parameter that uses them), the graph is
+built on those shapes, and each module is compiled ONCE and run at 2-3 concrete sizes (the first
+one sets every symbol to 1), on fresh random inputs per size. The generator keeps such programs
+valid at every size it runs: a symbolic dimension is only ever combined with a provably equal
+one or with a static 1, slices of a symbolic axis are never empty, a symbolic axis is split only
+into sections that provably divide it, and so on.
 
 A graph is kept as the Python source that builds it (``Case.code``), so a failing example
 prints, and is saved as, a standalone script.
 
 Long campaign outside pytest::
 
-    python -m tests.fuzz --graphs 2000 --seed 1 [--minutes 20] [--no-save]
+    python -m tests.fuzz --graphs 2000 --seed 1 [--minutes 20] [--no-save] [--symbolic-percent 30]
 
-prints the counts (generated, discarded, passed, mismatches, crashes) and writes every new,
-shrunk failure to ``tests/regressions/case_<hash>.py`` as a standalone pytest test.
+prints the counts (generated, discarded, passed, mismatches, crashes; each also for the symbolic
+graphs alone) and writes every new, shrunk failure to ``tests/regressions/case_<hash>.py`` as a
+standalone pytest test (a symbolic case also saves its ``SIZES``).
 """
 
 from __future__ import annotations
@@ -46,6 +55,8 @@ MAX_ELEMS = 4096          # largest tensor a graph may create
 INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
 TOLERANCE = {"float32": (1e-6, 1e-6), "float16": (1e-3, 1e-3)}   # (rtol, atol); ints: exact
 STRATEGIES = ("contiguity", "all")
+SYMBOLS = ("n", "b")       # names of the symbolic dimensions (int64 tirx Vars)
+SYMBOLIC_PERCENT = 30     # share of symbolic graphs
 MOVEMENT_OPS = ("permute_dims", "reshape", "flatten", "squeeze", "expand_dims", "strided_slice",
                 "split", "concat", "stack", "broadcast_to", "tile", "repeat", "flip", "pad",
                 "take", "gather_elements", "gather_nd", "layout_transform")
@@ -54,13 +65,16 @@ MOVEMENT_OPS = ("permute_dims", "reshape", "flatten", "squeeze", "expand_dims", 
 # ----------------------------------------------------------------------------------------------
 # Cases
 # ----------------------------------------------------------------------------------------------
+Dim = object   # int, or Python source of an int64 expression over SYMBOLS ("n", "n * 2", ...)
+
+
 @dataclasses.dataclass
 class Input:
     name: str
-    shape: Tuple[int, ...]
+    shape: Tuple[Dim, ...]
     dtype: str
-    low: Optional[Tuple[int, ...]] = None    # integer index inputs: [low, high) per last-axis slot
-    high: Optional[Tuple[int, ...]] = None   # (one pair when all slots share the range)
+    low: Optional[Tuple[Dim, ...]] = None    # integer index inputs: [low, high) per last-axis slot
+    high: Optional[Tuple[Dim, ...]] = None   # (one pair when all slots share the range)
 
 
 @dataclasses.dataclass
@@ -72,13 +86,17 @@ class Case:
     dataflow: bool = True
     data_seed: int = 0
     ops: Tuple[str, ...] = ()
+    symbols: Tuple[str, ...] = ()                 # symbolic dimensions (names in SYMBOLS)
+    sizes: Tuple[Dict[str, int], ...] = ()        # concrete sizes to run at (symbolic cases)
 
     # -- source ------------------------------------------------------------------------------
     def build_source(self) -> str:
         """Source of ``build() -> IRModule``."""
         lines = ["def build():", "    bb = relax.BlockBuilder()"]
+        for sym in self.symbols:
+            lines.append(f"    {sym} = tvm.tirx.Var({sym!r}, 'int64')")
         for i in self.inputs:
-            lines.append(f"    {i.name} = relax.Var({i.name!r}, relax.TensorType({tuple(i.shape)!r}, {i.dtype!r}))")
+            lines.append(f"    {i.name} = relax.Var({i.name!r}, relax.TensorType({shape_src(i.shape)}, {i.dtype!r}))")
         params = ", ".join(i.name for i in self.inputs)
         lines.append(f"    with bb.function(\"main\", [{params}]):")
         ind = "        "
@@ -96,10 +114,15 @@ class Case:
         return "\n".join(lines) + "\n"
 
     def inputs_source(self) -> str:
+        what = "name, shape, dtype, index range [low, high) per last-axis slot"
+        if self.symbols:
+            what += " (strings: expressions of the symbolic sizes)"
         specs = ",\n".join(
             f"    ({i.name!r}, {tuple(i.shape)!r}, {i.dtype!r}, {i.low!r}, {i.high!r})" for i in self.inputs)
-        return f"INPUTS = [  # name, shape, dtype, index range [low, high) per last-axis slot\n{specs},\n]\n" \
-               f"DATA_SEED = {self.data_seed}\n"
+        src = f"INPUTS = [  # {what}\n{specs},\n]\nDATA_SEED = {self.data_seed}\n"
+        if self.symbols:
+            src += f"SIZES = {list(self.sizes)!r}  # run once per entry (one compiled module)\n"
+        return src
 
     def script(self) -> str:
         return self.inputs_source() + "\n\n" + self.build_source()
@@ -109,15 +132,85 @@ class Case:
         exec(self.build_source(), ns)  # noqa: S102 - our own generated source
         return ns["build"]()
 
-    def make_inputs(self) -> List[np.ndarray]:
-        return make_inputs([(i.name, i.shape, i.dtype, i.low, i.high) for i in self.inputs], self.data_seed)
+    def input_sets(self) -> List[Tuple[Optional[Dict[str, int]], List[np.ndarray]]]:
+        return input_sets([(i.name, i.shape, i.dtype, i.low, i.high) for i in self.inputs], self.data_seed,
+                          list(self.sizes) if self.symbols else None)
 
 
-def make_inputs(specs, data_seed) -> List[np.ndarray]:
-    rng = np.random.default_rng(data_seed)
+# -- symbolic dimensions -----------------------------------------------------------------------
+_T = tvm.tirx
+_SYM_VARS = {s: _T.Var(s, "int64") for s in SYMBOLS}   # for evaluating Dim sources only
+
+
+def dim_value(e, sizes: Dict[str, int]) -> int:
+    """The value of a dimension (int, Dim source or PrimExpr) at concrete symbol sizes."""
+    if isinstance(e, (int, np.integer)):
+        return int(e)
+    if isinstance(e, str):
+        e = eval(e, {"tvm": tvm, **_SYM_VARS})  # noqa: S307 - our own generated source
+        if isinstance(e, int):
+            return e
+    if isinstance(e, _T.IntImm):
+        return int(e.value)
+    if isinstance(e, _T.Var):
+        return int(sizes[e.name])
+    if isinstance(e, _T.Cast):
+        return dim_value(e.value, sizes)
+    binary = {_T.Add: lambda a, b: a + b, _T.Sub: lambda a, b: a - b, _T.Mul: lambda a, b: a * b,
+              _T.FloorDiv: lambda a, b: a // b, _T.FloorMod: lambda a, b: a % b, _T.Min: min, _T.Max: max}
+    for cls, fn in binary.items():
+        if isinstance(e, cls):
+            return fn(dim_value(e.a, sizes), dim_value(e.b, sizes))
+    raise ValueError(f"cannot evaluate dimension {e!r} ({type(e).__name__})")
+
+
+def dim_src(e) -> Dim:
+    """Python source of a dimension (int for a static one); evaluates with the symbols as
+    ``tvm.tirx.Var`` and ``tvm`` in scope."""
+    if isinstance(e, (int, np.integer)):
+        return int(e)
+    if isinstance(e, str):
+        return e
+    if isinstance(e, _T.IntImm):
+        return int(e.value)
+
+    def go(x, top=False):
+        if isinstance(x, _T.IntImm):
+            return str(int(x.value))
+        if isinstance(x, _T.Var):
+            return x.name
+        for cls, op in ((_T.Add, "+"), (_T.Sub, "-"), (_T.Mul, "*"), (_T.FloorDiv, "//"), (_T.FloorMod, "%")):
+            if isinstance(x, cls):
+                txt = f"{go(x.a)} {op} {go(x.b)}"
+                return txt if top else f"({txt})"
+        for cls, fn in ((_T.Min, "min"), (_T.Max, "max")):
+            if isinstance(x, cls):
+                return f"tvm.tirx.{fn}({go(x.a, True)}, {go(x.b, True)})"
+        if isinstance(x, _T.Cast):
+            return go(x.value, top)
+        raise ValueError(f"cannot print dimension {x!r} ({type(x).__name__})")
+    return go(e, True)
+
+
+def shape_src(shape) -> str:
+    """Source of a shape tuple (symbolic dims unquoted)."""
+    parts = [str(dim_src(d)) for d in shape]
+    return "(" + ", ".join(parts) + ("," if len(parts) == 1 else "") + ")"
+
+
+def concrete(shape, sizes: Optional[Dict[str, int]]) -> Tuple[int, ...]:
+    return tuple(dim_value(d, sizes or {}) for d in shape)
+
+
+def make_inputs(specs, data_seed, sizes: Optional[Dict[str, int]] = None, k: int = 0) -> List[np.ndarray]:
+    """Random inputs for ``specs``; ``sizes`` binds the symbolic dimensions; ``k`` (the index of
+    the size) gives fresh data per size (``k == 0`` is the seed of static cases)."""
+    rng = np.random.default_rng(data_seed if k == 0 else [data_seed, k])
     arrays = []
     for _name, shape, dtype, low, high in specs:
+        shape = concrete(shape, sizes)
         if low is not None:  # index tensor: per-slot range along the last axis
+            low, high = concrete(low, sizes), concrete(high, sizes)
             if len(low) == 1:
                 a = rng.integers(low[0], high[0], size=shape)
             else:
@@ -130,15 +223,58 @@ def make_inputs(specs, data_seed) -> List[np.ndarray]:
     return arrays
 
 
+def input_sets(specs, data_seed, sizes: Optional[List[Dict[str, int]]] = None):
+    """``[(sizes or None, arrays)]``: one set for a static case, one per size otherwise."""
+    if not sizes:
+        return [(None, make_inputs(specs, data_seed))]
+    return [(sz, make_inputs(specs, data_seed, sz, k)) for k, sz in enumerate(sizes)]
+
+
 # ----------------------------------------------------------------------------------------------
 # Generator
 # ----------------------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Val:
     name: str
-    shape: Tuple[int, ...]
+    shape: Tuple[object, ...]   # int per static dim, the (Relax-inferred) PrimExpr per symbolic one
     kind: str          # "input" | "move" | "compute"
     uses: int = 0
+
+
+def _monomial(e):
+    """``(coefficient, [symbol vars])`` if ``e`` is a product of constants and symbols."""
+    if isinstance(e, int):
+        return e, []
+    if isinstance(e, _T.IntImm):
+        return int(e.value), []
+    if isinstance(e, _T.Var):
+        return 1, [e]
+    if isinstance(e, _T.Mul):
+        ma, mb = _monomial(e.a), _monomial(e.b)
+        if ma is not None and mb is not None:
+            return ma[0] * mb[0], ma[1] + mb[1]
+    return None
+
+
+def _n_symbols(e) -> int:
+    """How many symbol occurrences a dimension has (``n * n`` has 2)."""
+    if isinstance(e, _T.Var):
+        return 1
+    if isinstance(e, (int, _T.IntImm)):
+        return 0
+    if isinstance(e, _T.Cast):
+        return _n_symbols(e.value)
+    return _n_symbols(e.a) + _n_symbols(e.b) if hasattr(e, "a") else 2
+
+
+def _primes(m):
+    out, p = [], 2
+    while m > 1:
+        while m % p == 0:
+            out.append(p)
+            m //= p
+        p += 1
+    return out
 
 
 class _Gen:
@@ -155,6 +291,9 @@ class _Gen:
         self.counter = 0
         self.ops: List[str] = []
         self.leaves: List[Val] = []   # results that are only ever outputs
+        self.symbols: List[str] = []  # symbolic graphs: the symbols parameters define
+        self.sizes: List[Dict[str, int]] = [{}]
+        self.ana = tvm.sym.Analyzer()
 
     # -- helpers -------------------------------------------------------------------------------
     def ints(self, lo, hi):
@@ -166,29 +305,93 @@ class _Gen:
     def coin(self, p=0.5):
         return self.draw(st.integers(0, 999)) < int(p * 1000)
 
+    def rare(self, p):
+        """True with probability ``p``; shrinks towards False."""
+        return self.draw(st.integers(0, 999)) >= 1000 - int(p * 1000)
+
     def fresh(self, prefix):
         self.counter += 1
         return f"{prefix}{self.counter}"
 
+    # -- symbolic dimensions -------------------------------------------------------------------
+    def set_symbols(self, symbols, sizes):
+        self.symbols, self.sizes = list(symbols), [dict(sz) for sz in sizes]
+        for sym in symbols:
+            self.ns[sym] = tvm.tirx.Var(sym, "int64")
+
+    @staticmethod
+    def static(d) -> bool:
+        return isinstance(d, int)
+
+    def sym_or(self, d, p=0.2):
+        """In a symbolic graph, sometimes a symbol (as a PrimExpr) instead of ``d``."""
+        if self.symbols and self.rare(p):
+            return self.ns[self.choice(self.symbols)]
+        return d
+
+    def pick_axis(self, x: Val) -> int:
+        """An axis of ``x``; in a symbolic graph often one of its symbolic axes."""
+        sym = [a for a, d in enumerate(x.shape) if not self.static(d)]
+        if sym and self.coin(0.5):
+            return self.choice(sym)
+        return self.ints(0, len(x.shape) - 1)
+
+    def deq(self, a, b) -> bool:
+        """``a == b`` provably, for every size (what Relax can prove too)."""
+        if self.static(a) and self.static(b):
+            return a == b
+        a = tvm.tirx.const(a, "int64") if self.static(a) else a
+        b = tvm.tirx.const(b, "int64") if self.static(b) else b
+        return bool(self.ana.can_prove_equal(a, b))
+
+    def shape_eq(self, s1, s2) -> bool:
+        return len(s1) == len(s2) and all(self.deq(a, b) for a, b in zip(s1, s2))
+
+    def min_dim(self, d) -> int:
+        """The smallest value of a dimension over the sizes this graph runs at."""
+        return min(dim_value(d, sz) for sz in self.sizes)
+
+    def shape_ok(self, shape) -> bool:
+        """Non-empty and at most MAX_ELEMS at every size."""
+        for sz in self.sizes:
+            try:
+                dims = [dim_value(d, sz) for d in shape]
+            except ValueError:
+                return False
+            if min(dims, default=1) < 1 or math.prod(dims) > MAX_ELEMS:
+                return False
+        return True
+
     def new_input(self, shape, dtype=None, low=None, high=None, prefix="x") -> Val:
         name = self.fresh(prefix)
         dtype = dtype or self.dtype
-        self.inputs.append(Input(name, tuple(shape), dtype, low, high))
-        self.ns[name] = relax.Var(name, relax.TensorType(tuple(shape), dtype))
-        v = Val(name, tuple(shape), "input")
+        shape = tuple(dim_src(d) for d in shape)
+        if low is not None:
+            low, high = tuple(dim_src(d) for d in low), tuple(dim_src(d) for d in high)
+        self.inputs.append(Input(name, shape, dtype, low, high))
+        self.ns[name] = var = relax.Var(name, relax.TensorType(eval(shape_src(shape), self.ns), dtype))  # noqa: S307
+        v = Val(name, tuple(int(d) if isinstance(d, _T.IntImm) else d for d in var.ty.shape.values), "input")
         if low is None:
             self.pool.append(v)
         return v
 
     def emit(self, rhs: str, kind: str, op: str, add_to_pool=True) -> Optional[Val]:
         """Type-check ``rhs``; on success add ``name = bb.emit(rhs)``. None if the result is
-        empty or too large (nothing is added then)."""
-        expr = self.nb.normalize(eval(rhs, self.ns))  # noqa: S307 - our own generated source
+        empty or too large at some size, or (symbolic graphs) of unknown shape or rejected by
+        Relax (nothing is added then)."""
+        try:
+            expr = self.nb.normalize(eval(rhs, self.ns))  # noqa: S307 - our own generated source
+        except Exception:  # noqa: BLE001
+            if not self.symbols:
+                raise
+            return None
         ty = expr.ty
         name = self.fresh("t" if isinstance(ty, relax.TupleType) else ("m" if kind == "move" else "c"))
         if isinstance(ty, relax.TensorType):
-            shape = tuple(int(d) for d in ty.shape.values)
-            if math.prod(shape) == 0 or math.prod(shape) > MAX_ELEMS:
+            if ty.shape is None:
+                return None
+            shape = tuple(int(d) if isinstance(d, _T.IntImm) else d for d in ty.shape.values)
+            if not self.shape_ok(shape):
                 return None
         else:
             shape = ()
@@ -210,6 +413,10 @@ class _Gen:
             pref = [v for v in cands if v.kind == prefer]
             if pref and self.coin(0.75):
                 cands = pref
+        if self.symbols:  # symbolic graphs: mostly work on the symbolic-shaped values
+            sym = [v for v in cands if not all(self.static(d) for d in v.shape)]
+            if sym and self.coin(0.6):
+                cands = sym
         # index from the most recent: shrinks towards the newest value
         v = cands[len(cands) - 1 - self.ints(0, len(cands) - 1)]
         return v
@@ -250,13 +457,10 @@ class _Gen:
         return self._mv(x, f"relax.op.permute_dims({x.name}, axes={axes})", "permute_dims")
 
     def mv_reshape(self, x, r):
+        if not all(self.static(d) for d in x.shape):
+            return self._reshape_symbolic(x)
         n = math.prod(x.shape)
-        primes, m, p = [], n, 2
-        while m > 1:
-            while m % p == 0:
-                primes.append(p)
-                m //= p
-            p += 1
+        primes = _primes(n)
         rank = self.ints(1, 5)
         dims = [1] * rank
         for q in primes:
@@ -265,14 +469,38 @@ class _Gen:
             dims[self.ints(0, rank - 1)] = -1
         return self._mv(x, f"relax.op.reshape({x.name}, {dims})", "reshape")
 
+    def _reshape_symbolic(self, x):
+        """Distribute the factors of the size (primes, symbols, other symbolic dims as a whole)
+        over the new dims: the element count stays provably the same."""
+        atoms = []
+        for d in x.shape:
+            mono = _monomial(d)
+            if mono is None:
+                atoms.append(f"({dim_src(d)})")
+            else:
+                atoms += [str(q) for q in _primes(mono[0])] + [v.name for v in mono[1]]
+        rank = self.ints(1, 5)
+        dims = [[] for _ in range(rank)]
+        for atom in atoms:
+            dims[self.ints(0, rank - 1)].append(atom)
+        srcs = []
+        for parts in dims:
+            const = math.prod(int(a) for a in parts if a.isdigit())
+            syms = [a for a in parts if not a.isdigit()]
+            srcs.append(" * ".join(syms + ([str(const)] if const != 1 or not syms else [])))
+        if self.coin(0.25):
+            srcs[self.ints(0, rank - 1)] = "-1"
+        return self._mv(x, f"relax.op.reshape({x.name}, [{', '.join(srcs)}])", "reshape")
+
     def mv_flatten(self, x, r):
         return self._mv(x, f"relax.op.flatten({x.name})", "flatten")
 
     def mv_squeeze(self, x, r):
-        ones = [a for a, d in enumerate(x.shape) if d == 1]
+        ones = [a for a, d in enumerate(x.shape) if self.static(d) and d == 1]
         if not ones or r == 1:
             return self.mv_expand_dims(x, r)
-        if self.coin(0.25) and len(ones) < r:
+        # (no axes: Relax cannot tell which symbolic dims are 1)
+        if self.coin(0.25) and len(ones) < r and all(self.static(d) for d in x.shape):
             return self._mv(x, f"relax.op.squeeze({x.name})", "squeeze")
         k = self.ints(1, min(len(ones), r - 1))
         axes = sorted(self.draw(st.permutations(ones))[:k])
@@ -302,6 +530,12 @@ class _Gen:
         begin, end, strides = [], [], []
         for a in axes:
             d = x.shape[a]
+            if not self.static(d):  # never empty, whatever the size
+                b, e, step = self._symbolic_slice(self._shares_symbol(x.shape, a))
+                begin.append(b)
+                end.append(e)
+                strides.append(step)
+                continue
             step = self.choice([1, 1, 2, 3, -1, -1, -2, -3])
             b, e = self._bound(d), self._bound(d)
             if not len(range(*slice(b, e, step).indices(d))):
@@ -311,17 +545,54 @@ class _Gen:
             begin.append(b)
             end.append(e)
             strides.append(step)
-        axes_c = [self.axis_code(a, r) for a in axes]
+        if all(self.static(d) for d in x.shape):
+            axes_c = [self.axis_code(a, r) for a in axes]
+        else:  # stock TVM cannot slice a symbolic-shaped tensor along a negative axis
+            axes_c = axes
         if all(s == 1 for s in strides) and self.coin():
             rhs = f"relax.op.strided_slice({x.name}, axes={axes_c}, begin={begin}, end={end})"
         else:
             rhs = f"relax.op.strided_slice({x.name}, axes={axes_c}, begin={begin}, end={end}, strides={strides})"
         return self._mv(x, rhs, "strided_slice")
 
+    @staticmethod
+    def _shares_symbol(shape, axis) -> bool:
+        """Does a symbol of dim ``axis`` also occur in another dim of ``shape``?"""
+        names = {v.name for v in tvm.tirx.analysis.undefined_vars(shape[axis])}
+        return any(names & {v.name for v in tvm.tirx.analysis.undefined_vars(d)}
+                   for a, d in enumerate(shape) if a != axis and not isinstance(d, int))
+
+    def _symbolic_slice(self, shared: bool):
+        """(begin, end, step) of a slice of a symbolic axis that is non-empty at every size >= 1.
+
+        Only patterns stock TVM 0.27 gets right (it is the oracle): it miscompiles ``[-1::-2]``
+        and ``[MAX::-2]`` of any symbolic axis, and, where the axis' symbol also occurs in another
+        dim (``shared``; e.g. ``(n, n)[:, -1:]``), slices that begin at -1 or -2 or run backwards
+        from 0 (wrong values, or an uninitialized output)."""
+        k = self.ints(1, 3)
+        pats = [
+            (0, INT64_MAX, 1),              # everything
+            (0, k, 1),                      # the first min(k, n)
+            (0, INT64_MAX, k + 1),          # strided (stays physical in vtc)
+            (INT64_MAX, INT64_MIN, -1),     # reversed
+            (-1, INT64_MIN, -1),            # reversed
+            (-3, INT64_MAX, 1),             # the last min(3, n)
+        ]
+        if not shared:
+            pats += [(-k, INT64_MAX, 1),    # the last min(k, n)
+                     (-1, INT64_MAX, 1),    # the last one (the LLM "last token")
+                     (-1, INT64_MAX, k + 1)]  # the last one, strided
+        return self.choice(pats)
+
     def mv_split(self, x, r):
-        axis = self.ints(0, r - 1)
+        axis = self.pick_axis(x)
         d = x.shape[axis]
-        if self.coin():
+        if not self.static(d):
+            # a symbolic axis: only into sections that provably divide it
+            mono = _monomial(d)
+            divs = [q for q in (1, 2, 3, 4) if mono is not None and mono[0] % q == 0]
+            arg = str(self.choice(divs)) if divs else "1"
+        elif self.coin():
             parts = self.ints(1, min(d, 4))
             arg = str(parts)
         else:
@@ -337,7 +608,8 @@ class _Gen:
         if isinstance(self.ns[t.name].ty, relax.TensorType):  # one section: a plain tensor
             return t
         fields = self.ns[t.name].ty.fields
-        live = [i for i, f in enumerate(fields) if math.prod(int(s) for s in f.shape.values) > 0]
+        live = [i for i, f in enumerate(fields)
+                if isinstance(f, relax.TensorType) and f.shape is not None and self.shape_ok(f.shape.values)]
         if not live:
             return None
         n_take = self.ints(1, len(live))
@@ -360,11 +632,11 @@ class _Gen:
             elif how == 1:
                 shape = list(x.shape)
                 if not same_shape:
-                    shape[axis] = self.ints(1, 6)
+                    shape[axis] = self.sym_or(self.ints(1, 6), 0.3)
                 pieces.append(self.new_input(shape))
             elif how == 2:
                 compat = [v for v in self.pool if len(v.shape) == r and all(
-                    (a == axis and not same_shape) or v.shape[a] == x.shape[a] for a in range(r))]
+                    (a == axis and not same_shape) or self.deq(v.shape[a], x.shape[a]) for a in range(r))]
                 pieces.append(compat[self.ints(0, len(compat) - 1)] if compat else x)
             else:  # another view of x, emitted first
                 fa = self.ints(0, r - 1)
@@ -383,7 +655,7 @@ class _Gen:
         return lst
 
     def mv_concat(self, x, r):
-        axis = self.ints(0, r - 1)
+        axis = self.pick_axis(x)
         pieces = self._compatible_pieces(x, axis, same_shape=False)
         arg = self._tuple_arg(pieces)
         out = self.emit(f"relax.op.concat({arg}, axis={self.axis_code(axis, r)})", "move", "concat")
@@ -403,8 +675,10 @@ class _Gen:
         return out
 
     def mv_broadcast_to(self, x, r):
-        lead = [self.ints(1, 4) for _ in range(self.ints(0, max(0, min(2, 5 - r))))]
-        shape = lead + [self.ints(1, 4) if d == 1 else d for d in x.shape]
+        # a static 1 may become anything (a symbol too); a symbolic dim stays itself
+        lead = [self.sym_or(self.ints(1, 4)) for _ in range(self.ints(0, max(0, min(2, 5 - r))))]
+        shape = lead + [self.sym_or(self.ints(1, 4)) if self.static(d) and d == 1 else d for d in x.shape]
+        shape = "[" + ", ".join(str(dim_src(d)) for d in shape) + "]"
         return self._mv(x, f"relax.op.broadcast_to({x.name}, {shape})", "broadcast_to")
 
     def mv_tile(self, x, r):
@@ -450,7 +724,7 @@ class _Gen:
             return self.emit(f"relax.op.flip({src.name}, axis={axis})", "move", "flip", add_to_pool=False)
         if how == 3 and len(low) == 1:  # concat of two index inputs
             axis = self.ints(0, len(shape) - 1)
-            cut = self.ints(0, shape[axis])
+            cut = self.ints(0, shape[axis]) if self.static(shape[axis]) else 0
             if 0 < cut < shape[axis]:
                 s1, s2 = list(shape), list(shape)
                 s1[axis], s2[axis] = cut, shape[axis] - cut
@@ -462,7 +736,7 @@ class _Gen:
         return src
 
     def mv_take(self, x, r):
-        axis = self.ints(0, r - 1)
+        axis = self.pick_axis(x)
         n = x.shape[axis]
         mode = self.choice(["fast", "fast", "clip", "wrap"])
         if mode == "fast":
@@ -472,7 +746,7 @@ class _Gen:
         else:
             lo, hi = -2 * n, 2 * n
         irank = self.ints(0, 2)
-        ishape = [self.ints(1, 4) for _ in range(irank)]
+        ishape = [self.sym_or(self.ints(1, 4)) for _ in range(irank)]
         idx = self.index_input(ishape, self.choice(["int64", "int32"]), (lo,), (hi,), any_shape=True)
         mode_arg = "" if mode == "fast" and self.coin() else f", mode={mode!r}"
         out = self.emit(f"relax.op.take({x.name}, {idx.name}, axis={self.axis_code(axis, r)}{mode_arg})",
@@ -482,8 +756,9 @@ class _Gen:
         return out
 
     def mv_gather_elements(self, x, r):
-        axis = self.ints(0, r - 1)
-        ishape = [self.ints(1, 6) if a == axis else self.ints(1, d) for a, d in enumerate(x.shape)]
+        axis = self.pick_axis(x)
+        ishape = [self.sym_or(self.ints(1, 6)) if a == axis else
+                  self.ints(1, d) if self.static(d) else (d if self.coin() else 1) for a, d in enumerate(x.shape)]
         idx = self.index_input(ishape, self.choice(["int64", "int32"]), (0,), (x.shape[axis],))
         out = self.emit(f"relax.op.gather_elements({x.name}, {idx.name}, axis={self.axis_code(axis, r)})",
                         "move", "gather_elements")
@@ -510,10 +785,17 @@ class _Gen:
             return None
         names = [f"a{i}" for i in range(r)]
         if self.coin():
-            axis = self.ints(0, r - 1)
+            axis = self.pick_axis(x)
             f = self.ints(2, 4)
+            d = x.shape[axis]
+            if not self.static(d):  # a symbolic axis: only split by a factor that divides it
+                mono = _monomial(d)
+                divs = [q for q in (2, 3, 4) if mono is not None and mono[0] % q == 0]
+                if not divs:
+                    return None
+                f = self.choice(divs)
             outs = names[:axis] + [f"{names[axis]} // {f}", f"{names[axis]} % {f}"] + names[axis + 1:]
-            pad = x.shape[axis] % f != 0
+            pad = self.static(d) and d % f != 0
         else:
             outs = [names[i] for i in self.draw(st.permutations(list(range(r))))]
             pad = False
@@ -542,7 +824,7 @@ class _Gen:
         if op in ("add", "multiply", "subtract"):
             how = self.ints(0, 3)
             if how == 0:  # another value of the same shape (often virtual too)
-                same = [v for v in self.pool if v.shape == x.shape]
+                same = [v for v in self.pool if self.shape_eq(v.shape, x.shape)]
                 y = same[self.ints(0, len(same) - 1)]
             elif how == 1:
                 y = x
@@ -550,7 +832,7 @@ class _Gen:
                 y = self.new_input(x.shape)
             else:  # broadcasting operand
                 k = self.ints(min(1, r), r)
-                y = self.new_input(tuple(1 if self.coin(0.3) else d for d in x.shape[r - k:]))
+                y = self.new_input(tuple(1 if self.coin(0.3) else d for d in x.shape[r - k:]))  # 1s broadcast
             a, b = (x, y) if self.coin() else (y, x)
             out = self.emit(f"relax.op.{op}({a.name}, {b.name})", "compute", op)
             if out is not None:
@@ -558,6 +840,10 @@ class _Gen:
             return out
         if op == "relu":
             rhs = f"relax.op.nn.relu({x.name})"
+        elif op == "cumsum" and sum(_n_symbols(d) for d in x.shape) > 1:
+            # stock TVM takes minutes to compile cumsum over several symbolic dims (e.g. (7, n, n, n))
+            rhs = f"relax.op.nn.relu({x.name})"
+            op = "relu"
         elif op == "cumsum":
             rhs = f"relax.op.cumsum({x.name}, axis={self.axis_code(self.ints(0, r - 1), r)})"
         elif op == "argmax":
@@ -567,7 +853,7 @@ class _Gen:
         elif op == "astype":
             rhs = f"relax.op.astype({x.name}, 'float64')"
         elif op == "matmul":
-            both = [v for v in self.pool if len(v.shape) == 2 and v.shape[0] == x.shape[-1]]
+            both = [v for v in self.pool if len(v.shape) == 2 and self.deq(v.shape[0], x.shape[-1])]
             if both and self.coin(0.3):  # two (often virtual) operands
                 y = both[self.ints(0, len(both) - 1)]
                 self.use(y)
@@ -595,6 +881,7 @@ class _Gen:
             if op == "conv2d":
                 _, c, h, w_ = x.shape
                 pad = self.ints(0, 1)
+                h, w_ = self.min_dim(h), self.min_dim(w_)   # the kernel fits at every size
                 kh, kw = self.ints(1, min(3, h + 2 * pad)), self.ints(1, min(3, w_ + 2 * pad))
                 wt = self.new_input((self.ints(1, 4), c, kh, kw), prefix="w")
                 stride = self.ints(1, 2)
@@ -607,13 +894,30 @@ class _Gen:
 
 
 @st.composite
-def graphs(draw, max_ops: int = 8) -> Case:
+def graphs(draw, max_ops: int = 8, symbolic_percent: int = SYMBOLIC_PERCENT) -> Case:
     dtype = ["float32"] * 7 + ["int32"] * 2 + ["float16"]
     dtype = dtype[draw(st.integers(0, 9))]  # shrinks towards float32
     g = _Gen(draw, dtype)
-    for _ in range(g.ints(1, 3)):
-        rank = g.ints(1, 4)
-        g.new_input([g.ints(1, 8) for _ in range(rank)])
+    symbolic = g.ints(0, 99) >= 100 - symbolic_percent   # shrinks towards a static graph
+    shapes = [[g.ints(1, 8) for _ in range(g.ints(1, 4))] for _ in range(g.ints(1, 3))]
+    if symbolic:
+        # 1-2 symbols, each a bare dim of some parameter (which defines it); parameters that
+        # draw the same symbol share it (a batch or sequence dim that must agree)
+        symbols = list(SYMBOLS[:g.ints(1, 2)])
+        for shape in shapes:
+            for a in range(len(shape)):
+                if g.rare(0.35) and sum(isinstance(d, str) for d in shape) < 2:  # 1-2 per parameter
+                    shape[a] = g.choice(symbols)
+        if not any(isinstance(d, str) for shape in shapes for d in shape):
+            shapes[0][g.ints(0, len(shapes[0]) - 1)] = symbols[0]
+        symbols = [sym for sym in symbols if any(d == sym for shape in shapes for d in shape)]
+        # every symbol is 1 in the first run, then 2..6, then (sometimes) anything in 1..7
+        sizes = [{sym: 1 for sym in symbols}, {sym: g.ints(2, 6) for sym in symbols}]
+        if g.rare(0.5):
+            sizes.append({sym: g.ints(1, 7) for sym in symbols})
+        g.set_symbols(symbols, sizes)
+    for shape in shapes:
+        g.new_input([g.ns[d] if isinstance(d, str) else d for d in shape])
     n_ops = g.ints(1, max_ops)
     for _ in range(n_ops):
         kind = g.ints(0, 9)
@@ -629,7 +933,7 @@ def graphs(draw, max_ops: int = 8) -> Case:
     outs = [v.name for v in produced if v in outs or v in extra]
     data_seed = g.ints(0, 2**16)
     return Case(g.inputs, g.body, outs, dtype, dataflow=not g.coin(0.1), data_seed=data_seed,
-                ops=tuple(g.ops))
+                ops=tuple(g.ops), symbols=tuple(g.symbols), sizes=tuple(g.sizes) if g.symbols else ())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -655,12 +959,19 @@ def _pipeline():
     return _PIPELINE
 
 
-def compile_and_run(mod, arrays):
+def compile_vm(mod):
     ex = tvm.compile(mod, target="llvm", relax_pipeline=_pipeline())
-    vm = relax.VirtualMachine(ex, tvm.cpu())
+    return relax.VirtualMachine(ex, tvm.cpu())
+
+
+def run_vm(vm, arrays):
     out = vm["main"](*[tvm.runtime.tensor(a) for a in arrays])
     outs = list(out) if not isinstance(out, tvm.runtime.Tensor) else [out]
     return [o.numpy() for o in outs]
+
+
+def compile_and_run(mod, arrays):
+    return run_vm(compile_vm(mod), arrays)
 
 
 def _norm(msg: str) -> str:
@@ -691,11 +1002,19 @@ def compare(expected, got, dtype_tol) -> Optional[str]:
 
 
 def differential(mod: tvm.IRModule, arrays, strategies=STRATEGIES, reports=None):
-    """Raise StockFailure / VtcFailure; return the transformed modules on agreement."""
+    """Raise StockFailure / VtcFailure; return the transformed modules on agreement.
+
+    ``arrays``: the inputs (a list of arrays), or ``input_sets(...)``: ``[(sizes, arrays)]``,
+    one entry per concrete size of a symbolic module. Each module is compiled once and run on
+    every set."""
+    sets = arrays if arrays and isinstance(arrays[0], tuple) else [(None, arrays)]
     try:
-        expected = compile_and_run(mod, arrays)
+        vm = compile_vm(mod)
+        expected = [run_vm(vm, xs) for _, xs in sets]
     except Exception as err:  # noqa: BLE001
         raise StockFailure(f"{type(err).__name__}: {str(err).strip().splitlines()[-1:]}") from err
+    symbolic = sets[0][0] is not None
+    tag = "sym:" if symbolic else ""
     results = {}
     for strategy in strategies:
         report = [] if reports is None else reports.setdefault(strategy, [])
@@ -705,25 +1024,32 @@ def differential(mod: tvm.IRModule, arrays, strategies=STRATEGIES, reports=None)
             stage = "check_well_formed"
             if not relax.analysis.check_well_formed(new):
                 raise VtcFailure("crash", strategy, stage, "transformed module is not well formed",
-                                 "crash:ill-formed")
+                                 tag + "crash:ill-formed")
             stage = "compile/run"
-            got = compile_and_run(new, arrays)
+            vm = compile_vm(new)
+            for k, (sizes, xs) in enumerate(sets):
+                at = f" at sizes {sizes}" if symbolic else ""
+                try:
+                    got = run_vm(vm, xs)
+                except Exception as err:  # noqa: BLE001
+                    raise VtcFailure("crash", strategy, "run" + at, f"{type(err).__name__}: {err}",
+                                     f"{tag}crash:run:{type(err).__name__}:{_norm(str(err))}") from err
+                problem = compare(expected[k], got, None)
+                if problem:
+                    raise VtcFailure("mismatch", strategy, "compare", problem + at, tag + "mismatch")
         except VtcFailure:
             raise
         except Exception as err:  # noqa: BLE001
             detail = f"{type(err).__name__}: {err}"
             raise VtcFailure("crash", strategy, stage, detail,
-                             f"crash:{stage}:{type(err).__name__}:{_norm(str(err))}") from err
-        problem = compare(expected, got, None)
-        if problem:
-            raise VtcFailure("mismatch", strategy, "compare", problem, "mismatch")
+                             f"{tag}crash:{stage}:{type(err).__name__}:{_norm(str(err))}") from err
         results[strategy] = new
     return results
 
 
 def check_case(case: Case):
     mod = case.build()
-    return differential(mod, case.make_inputs())
+    return differential(mod, case.input_sets())
 
 
 def prune(case: Case) -> Case:
@@ -737,7 +1063,23 @@ def prune(case: Case) -> Case:
         if name in needed:
             body.append(line)
             needed |= set(re.findall(r"\b\w+\b", rhs))
-    inputs = [i for i in case.inputs if i.name in needed]
+    keep = {i.name for i in case.inputs if i.name in needed}
+    if case.symbols:
+        # a symbol still in use must stay defined: keep a parameter that has it as a bare dim
+        def words(inp):
+            dims = tuple(inp.shape) + tuple(inp.low or ()) + tuple(inp.high or ())
+            return {w for d in dims if isinstance(d, str) for w in re.findall(r"\b\w+\b", d)}
+        used = needed.union(*[words(i) for i in case.inputs if i.name in keep])
+        symbols = tuple(sym for sym in case.symbols if sym in used)
+        for sym in symbols:
+            if not any(sym in i.shape for i in case.inputs if i.name in keep):
+                definer = next((i for i in case.inputs if sym in i.shape), None)
+                if definer is not None:
+                    keep.add(definer.name)
+        if symbols:  # (a case that loses all its symbols keeps them: it stays a symbolic case)
+            sizes = tuple({sym: sz[sym] for sym in symbols} for sz in case.sizes)
+            case = dataclasses.replace(case, symbols=symbols, sizes=sizes)
+    inputs = [i for i in case.inputs if i.name in keep]
     return dataclasses.replace(case, body=body[::-1], inputs=inputs)
 
 
@@ -785,14 +1127,17 @@ Found by tests/fuzz.py:
 Run: pytest tests/test_fuzz.py -k {name}   (tests/test_fuzz.py runs every saved case)
 """
 
+import tvm  # noqa: F401 - symbolic sizes are tvm.tirx.Var
 from tvm import relax
 
 {script}'''
 
 
 def check_regression(module, strategy: str):
-    """Run a saved regression file (its ``build``, ``INPUTS`` and ``DATA_SEED``)."""
-    differential(module.build(), make_inputs(module.INPUTS, module.DATA_SEED), strategies=(strategy,))
+    """Run a saved regression file (its ``build``, ``INPUTS``, ``DATA_SEED`` and, for a symbolic
+    case, ``SIZES``)."""
+    sets = input_sets(module.INPUTS, module.DATA_SEED, getattr(module, "SIZES", None))
+    differential(module.build(), sets, strategies=(strategy,))
 
 
 def regression_source(case: Case, failure: VtcFailure, path: str) -> str:
@@ -834,6 +1179,8 @@ class Stats:
     crashes: int = 0
     shrink_runs: int = 0
     seconds: float = 0.0
+    symbolic: Dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(
+        ("generated", "discarded", "passed", "mismatches", "crashes"), 0))   # symbolic graphs only
 
 
 @dataclasses.dataclass
@@ -847,10 +1194,12 @@ class Bug:
 
 
 class Campaign:
-    def __init__(self, budget: int, deadline: float, save: bool, verbose: bool):
+    def __init__(self, budget: int, deadline: float, save: bool, verbose: bool,
+                 symbolic_percent: int = SYMBOLIC_PERCENT):
         self.stats = Stats()
         self.bugs: List[Bug] = []
         self.budget, self.deadline, self.save, self.verbose = budget, deadline, save, verbose
+        self.symbolic_percent = symbolic_percent
         self.shrinking = False
         self.last_fail: Optional[Tuple[Case, VtcFailure]] = None
 
@@ -866,6 +1215,8 @@ class Campaign:
             if self.stats.generated >= self.budget or time.time() > self.deadline:
                 return  # budget spent: the rest of this round is a no-op
             self.stats.generated += 1
+            if case.symbols:
+                self.stats.symbolic["generated"] += 1
         else:
             self.stats.shrink_runs += 1
         if LAST_CASE_FILE:  # a segfault kills the campaign: leave the case behind
@@ -876,13 +1227,16 @@ class Campaign:
         except StockFailure:
             if not self.shrinking:
                 self.stats.discarded += 1
+                self._count_symbolic(case, "discarded")
             assume(False)
         except VtcFailure as failure:
             if not self.shrinking:
                 if failure.kind == "mismatch":
                     self.stats.mismatches += 1
+                    self._count_symbolic(case, "mismatches")
                 else:
                     self.stats.crashes += 1
+                    self._count_symbolic(case, "crashes")
             known = self._known(failure, case)
             if known is not None:
                 if not self.shrinking:
@@ -896,6 +1250,11 @@ class Campaign:
         else:
             if not self.shrinking:
                 self.stats.passed += 1
+                self._count_symbolic(case, "passed")
+
+    def _count_symbolic(self, case: Case, what: str):
+        if case.symbols:
+            self.stats.symbolic[what] += 1
 
     def run(self, seed: int, round_size: int = 150):
         r = 0
@@ -906,7 +1265,7 @@ class Campaign:
             @settings(max_examples=min(round_size, self.budget - self.stats.generated) + 50, deadline=None,
                       database=None, derandomize=False, report_multiple_bugs=False,
                       suppress_health_check=list(HealthCheck), print_blob=False)
-            @given(graphs())
+            @given(graphs(symbolic_percent=self.symbolic_percent))
             def _round(case):
                 self.check(case)
 
@@ -930,8 +1289,8 @@ class Campaign:
                 print(f"round {r}: {type(err).__name__}: {err}")
             r += 1
             s = self.stats
-            print(f"[{time.time() - START:.0f}s] generated={s.generated} discarded={s.discarded} "
-                  f"passed={s.passed} mismatches={s.mismatches} crashes={s.crashes} "
+            print(f"[{time.time() - START:.0f}s] generated={s.generated} (symbolic {s.symbolic['generated']}) "
+                  f"discarded={s.discarded} passed={s.passed} mismatches={s.mismatches} crashes={s.crashes} "
                   f"bugs={len(self.bugs)}", flush=True)
 
 
@@ -946,16 +1305,20 @@ def main(argv=None):
     ap.add_argument("--minutes", type=float, default=float("inf"), help="stop after this long")
     ap.add_argument("--no-save", action="store_true", help="do not write tests/regressions/")
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument("--symbolic-percent", type=int, default=SYMBOLIC_PERCENT,
+                    help=f"share of graphs with symbolic dimensions (default {SYMBOLIC_PERCENT})")
     args = ap.parse_args(argv)
-    camp = Campaign(args.graphs, START + args.minutes * 60, not args.no_save, args.verbose)
+    camp = Campaign(args.graphs, START + args.minutes * 60, not args.no_save, args.verbose,
+                    args.symbolic_percent)
     camp.run(args.seed)
     s = camp.stats
     print("\n==== summary ====")
-    print(f"generated   {s.generated}")
-    print(f"discarded   {s.discarded}   (stock TVM failed)")
-    print(f"passed      {s.passed}")
-    print(f"mismatches  {s.mismatches}")
-    print(f"crashes     {s.crashes}")
+    sy = s.symbolic
+    print(f"generated   {s.generated}   (symbolic: {sy['generated']})")
+    print(f"discarded   {s.discarded}   (stock TVM failed; symbolic: {sy['discarded']})")
+    print(f"passed      {s.passed}   (symbolic: {sy['passed']})")
+    print(f"mismatches  {s.mismatches}   (symbolic: {sy['mismatches']})")
+    print(f"crashes     {s.crashes}   (symbolic: {sy['crashes']})")
     print(f"shrink runs {s.shrink_runs}")
     print(f"time        {time.time() - START:.0f}s")
     print(f"distinct bugs: {len(camp.bugs)}")

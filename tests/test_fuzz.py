@@ -1,7 +1,8 @@
 """CI-sized differential fuzzing campaign (see tests/fuzz.py) plus the saved regressions.
 
-The campaign is derandomized (fixed examples on every run). ~0.4 s per graph on a 2-core
-machine: 300 graphs take about 2-3 minutes. ``VTC_FUZZ_EXAMPLES`` overrides the count.
+The campaign is derandomized (fixed examples on every run). About a third of the graphs have
+symbolic dimensions and run at 2-3 concrete sizes from one compiled module. ~0.4 s per graph on
+a 2-core machine: 300 graphs take about 2 minutes. ``VTC_FUZZ_EXAMPLES`` overrides the count.
 """
 
 import glob

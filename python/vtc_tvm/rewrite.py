@@ -18,7 +18,7 @@ from tvm.ir import TensorLoad
 from tvm.s_tir import SBlock
 from tvm.s_tir.analysis import get_sblock_read_write_region, verify_well_formed
 
-from .analysis import OUT_EWISE_FUSABLE, op_pattern
+from .analysis import INJECTIVE, OPAQUE, op_pattern
 from .mapping import Mapping, _substitute, lowering_safe, new_buffer
 
 MAPPING_ATTR = "vtc.virtual_inputs"
@@ -93,22 +93,33 @@ def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name
 def rewritten_forms(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name: str, target=None):
     """The rewrites of ``func`` reading parameter ``param_index`` through ``mapping`` that are
     worth comparing, simplest first (ties keep the earlier): the mapping inlined into the loads;
-    with reduction axes split where the mapping divides them (GQA); on GPU targets, for
-    piecewise and indirect mappings, inlined into a read stage (:func:`stage_input`)."""
-    forms = [inline_mapping(func, param_index, mapping, name=name, normalize=normalize)[0]
-             for normalize in (False, True)]
-    if target is not None and "gpu" in target.keys and (mapping.is_piecewise or mapping.is_indirect):
+    with reduction axes split where the mapping divides them (GQA; on GPU targets only this
+    form); on GPU targets, for piecewise and indirect mappings, inlined into a read stage
+    (:func:`stage_input`)."""
+    gpu = target is not None and "gpu" in target.keys
+    plain, split = (inline_mapping(func, param_index, mapping, name=name, normalize=normalize)[0]
+                    for normalize in (False, True))
+    # The op pattern FuseOps sees is the original's (an elementwise consumer becomes injective):
+    # re-derived, a GEMM whose loads are mapped can read as a plain reduction, so that FuseOps
+    # fuses producers such as RoPE into it, and clamped symbolic reads read as opaque.
+    original = op_pattern(func)
+    pattern = INJECTIVE if original <= INJECTIVE else original
+    forms = [plain.with_attr("op_pattern", pattern)]
+    if not tvm_ffi.structural_equal(plain, split):
+        # Split axes are only needed by DLight; a GEMM in split form is kept out of FuseOps
+        # (opaque): with an elementwise epilogue fused in, DLight's Matmul rule writes the padded
+        # rows of one head group over the next group's outputs (a race: wrong, run-to-run
+        # different attention scores on the H200). A plain floordiv read under DLight's
+        # GEMV/Reduction rules was wrong the same way, so on GPUs only the split form is offered.
+        split = split.with_attr("op_pattern", OPAQUE)
+        forms = [split] if gpu else forms + [split]
+    if gpu and (mapping.is_piecewise or mapping.is_indirect):
         try:
             staged = stage_input(func, param_index)
-            forms.append(inline_mapping(staged, param_index, mapping, name=name, normalize=False)[0])
+            staged = inline_mapping(staged, param_index, mapping, name=name, normalize=False)[0]
+            forms.append(staged.with_attr("op_pattern", pattern))
         except NotRewritable:
             pass
-    if op_pattern(func) == OUT_EWISE_FUSABLE:
-        # Still a GEMM/conv to FuseOps: elementwise epilogues fuse into it, producers do not.
-        # Re-derived, a GEMM whose loads are mapped reads as a plain reduction (CommReduce), and
-        # FuseOps fused RoPE into the attention GEMM (Llama-3 decode, batch 16, H200: 1313 us,
-        # where benchmarks/kernels times the same GQA GEMM alone at 142 us).
-        forms = [f.with_attr("op_pattern", OUT_EWISE_FUSABLE) for f in forms]
     return forms
 
 

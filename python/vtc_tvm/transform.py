@@ -18,6 +18,7 @@ import logging
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import tvm
+import tvm_ffi
 from tvm import relax
 from tvm.ir import Op
 from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -222,6 +223,10 @@ class _VirtualTensorizer(PyExprMutator):
             return None
         if not (isinstance(legal, relax.Call) and legal.op.same_as(CALL_TIR)) or len(legal.args) > 2:
             return None
+        if not tvm_ffi.structural_equal(legal.ty, call.ty):
+            # e.g. TOPI's broadcast of two symbolic shapes Relax proved equal and TOPI did not
+            logger.info("legalized %s has type %s, not %s", call.op.name, legal.ty, call.ty)
+            return None
         gv = legal.args[0]
         func = self.builder_.get()[gv]
         args = list(legal.args[1].fields)
@@ -237,7 +242,7 @@ class _VirtualTensorizer(PyExprMutator):
         virtual_args = [a for a in _tensor_args(call) if isinstance(self.virtual.get(a), VirtualTensor)]
         if not virtual_args:
             return None
-        found = self._consumer_prim_func(call)
+        found = self._consumer_prim_func(call) if _shaped(var.ty) else None
         if found is None:
             consumer = call.op.name if isinstance(call.op, Op) else str(call.op)
             for a in virtual_args:
@@ -280,7 +285,8 @@ class _VirtualTensorizer(PyExprMutator):
         if not changed:
             return None
         gv = self.builder_.add_func(func, f"{name}_vtc")
-        return relax.call_tir(gv, [self.visit_expr(a) for a in new_args], out_ty=var.ty)
+        out_ty = list(var.ty.fields) if isinstance(var.ty, relax.TupleType) else var.ty
+        return relax.call_tir(gv, [self.visit_expr(a) for a in new_args], out_ty=out_ty)
 
     def _contiguity_of(self, vt):
         if vt.mapping not in self._contiguity:
@@ -296,6 +302,13 @@ def _check_symbols(vt: VirtualTensor):
     for symbol in vt.mapping.symbols:
         if not any(symbol.same_as(d) for d in defined):
             raise Unsupported(f"symbolic dimension {symbol} is not a dimension of any source")
+
+
+def _shaped(ty) -> bool:
+    """A tensor (or tuple of tensors) type with known shapes: what call_tir can produce."""
+    if isinstance(ty, relax.TupleType):
+        return all(_shaped(f) for f in ty.fields)
+    return isinstance(ty, relax.TensorType) and isinstance(ty.shape, relax.ShapeExpr)
 
 
 def _op_name(value):
