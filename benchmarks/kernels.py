@@ -12,12 +12,16 @@ On a GPU it checks vtc against stock numerically and times every kernel with CUP
 (torch.profiler). Without a GPU (``--dry``) it only compiles, which catches scheduling failures.
 
     python -m benchmarks.kernels [--dry] [--cases NAME ...] [--out DIR] [--tuner dlight|ms:N]
+                                 [--tuning-dir DIR] [--ms-budget-s S] [--ms-fake-runner] [--ms-...]
+
+With ``--tuner ms:N`` every case's kernels (stock, alone, vtc) are tuned first, N trials per task,
+into one database (``benchmarks/tuning/kernels``; see :mod:`benchmarks.tuning`), and the results
+go to ``kernels_ms.json``/``.md``.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import math
 import os
@@ -36,7 +40,10 @@ import vtc_tvm
 from vtc_tvm.pipeline import cuda_target
 from vtc_tvm.report import uses_tensor_cores
 
+from . import tuning
+
 F16 = "float16"
+DEFAULT_TUNING_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning", "kernels")
 
 
 @dataclass
@@ -134,32 +141,16 @@ def default_strategy_takes(case: Case, report) -> bool:
         "contiguity" not in r["reason"] for r in report)
 
 
-def compile_module(mod, target, tuner, work_dir=None):
+def compile_module(mod, target, tuner, work_dir=None, settings=None, runner=None, stats=None):
     """Compile with DLight (``"dlight"``) or MetaSchedule (``"ms:TRIALS"`` trials per task,
-    tensor-core search space on CUDA; the database in ``work_dir`` is shared and re-applied)."""
+    tensor-core search space on CUDA) through :func:`benchmarks.tuning.compile_metaschedule`:
+    the database in ``work_dir`` is shared by all modules, so a kernel is tuned once."""
     if tuner == "dlight":
         return tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
-    from tvm.s_tir import meta_schedule as ms
-
-    importlib.import_module("tvm.s_tir.tensor_intrin")  # records that tensorize must parse here
-
-    trials = int(tuner.split(":")[1])
-    work = work_dir or os.environ.get("VTC_TUNING_DIR", "/tmp/vtc_tuning")
-    os.makedirs(work, exist_ok=True)
-    space = "post-order-apply"
-    if target.kind.name == "cuda":
-        space = ms.space_generator.PostOrderApply(
-            sch_rules="cuda-tensorcore", postprocs="cuda-tensorcore", mutator_probs="cuda-tensorcore")
-    with target:
-        mod = tvm.transform.Sequential([
-            relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-            relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
-        ms.relax_integration.tune_relax(
-            mod, params={}, target=target, work_dir=work, max_trials_global=trials * 4,
-            max_trials_per_task=trials, num_trials_per_iter=min(trials, 32), space=space,
-            builder=ms.builder.LocalBuilder(timeout_sec=120), seed=0)
-        mod = relax.transform.MetaScheduleApplyDatabase(work)(mod)
-    return tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+    settings = settings or tuning.TuneSettings(trials=int(tuner.split(":")[1]))
+    work = work_dir or os.environ.get("VTC_TUNING_DIR") or DEFAULT_TUNING_DIR
+    # ``mod`` is already rewritten where it is the vtc module: the stock pipeline compiles it.
+    return tuning.compile_metaschedule(mod, target, work, settings, variant="stock", runner=runner, stats=stats)
 
 
 def _random(mod, rng):
@@ -197,8 +188,10 @@ def _gpu_kernel_us(ex, dev, input_sets, iters=50):
     return times
 
 
-def run(cases, target, tuner, dry, gpu_mem_bw=4.3e12, tc_flops=7.9e14):
+def run(cases, target, tuner, dry, gpu_mem_bw=4.3e12, tc_flops=7.9e14, tuning_dir=None, settings=None, runner=None,
+        on_row=None):
     rows = []
+    tuning_dir = tuning_dir or os.environ.get("VTC_TUNING_DIR") or DEFAULT_TUNING_DIR
     dev = tvm.cuda(0) if not dry else None
     rng = np.random.default_rng(0)
     for case in cases:
@@ -211,10 +204,20 @@ def run(cases, target, tuner, dry, gpu_mem_bw=4.3e12, tc_flops=7.9e14):
             row["virtualized"] = bool(report) and all(r["virtual"] for r in report)
             row["default_strategy_takes"] = _default_takes(stock, target)
             row["decisions"] = report
-            work = os.path.join(os.environ.get("VTC_TUNING_DIR", "/tmp/vtc_tuning"),
-                                case.name.replace("/", "_"))
-            exes = {k: compile_module(m, target, tuner, work) for k, m in
-                    (("stock", stock), ("alone", alone), ("vtc", vtc))}
+            mods = (("stock", stock), ("alone", alone), ("vtc", vtc))
+            if tuner != "dlight":  # tune the three modules' kernels together, then compile each
+                settings = settings or tuning.TuneSettings(trials=int(tuner.split(":")[1]))
+                row["metaschedule"] = {}
+                t1 = time.time()
+                tuning.tune([tuning.fuse(m, target) for _, m in mods], target, tuning_dir,
+                            settings, runner=runner, label=case.name, stats=row["metaschedule"])
+                row["tune_s"] = round(time.time() - t1, 1)
+            exes = {}
+            for k, m in mods:
+                stats = {}
+                exes[k] = compile_module(m, target, tuner, tuning_dir, settings, runner, stats)
+                if stats:
+                    row[f"{k}_ms_kernels"] = stats.get("ms_kernels")
             row["tensor_cores"] = uses_tensor_cores(exes["vtc"])
             row["stock_tensor_cores"] = uses_tensor_cores(exes["alone"])
             if not dry:
@@ -249,6 +252,8 @@ def run(cases, target, tuner, dry, gpu_mem_bw=4.3e12, tc_flops=7.9e14):
         row["seconds"] = round(time.time() - t0, 1)
         rows.append(row)
         print(_fmt(row), flush=True)
+        if on_row is not None:
+            on_row(rows)  # a run killed later keeps what it measured
     return rows
 
 
@@ -301,20 +306,55 @@ def main(argv=None):
     ap.add_argument("--cases", nargs="*", help="substrings of case names to run")
     ap.add_argument("--tuner", default="dlight", help="dlight or ms:TRIALS")
     ap.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results"))
+    ap.add_argument("--tuning-dir", default=os.environ.get("VTC_TUNING_DIR") or DEFAULT_TUNING_DIR,
+                    help="MetaSchedule database shared by all cases (default benchmarks/tuning/kernels)")
+    tuning.add_arguments(ap, default_tasks="all")
     args = ap.parse_args(argv)
     target = cuda_target()
     cases = [c for c in CASES if not args.cases or any(s in c.name for s in args.cases)]
     if not args.dry and not tvm.cuda(0).exist:
         sys.exit("no CUDA GPU found: use --dry to compile only")
-    rows = run(cases, target, args.tuner, args.dry)
+    settings = runner = None
+    if args.tuner.startswith("ms:"):
+        settings = tuning.settings_from_args(args, int(args.tuner.split(":")[1]))
+        args.tuning_dir, runner = tuning.runner_from_args(args, DEFAULT_TUNING_DIR)
+        tuning.pooled_builder(settings.builder_workers, settings.builder_timeout)  # its workers warm up now
+    elif args.tuner != "dlight":
+        sys.exit(f"--tuner must be dlight or ms:N, not {args.tuner!r}")
+    t0 = time.time()
     result = {"commit": _commit(),
               "date": time.strftime("%Y-%m-%d"),
-              "device": _device_name(args.dry), "tvm": tvm.__version__, "rows": rows}
+              "device": _device_name(args.dry), "tvm": tvm.__version__, "tuner": args.tuner,
+              "argv": sys.argv[1:] if argv is None else list(argv), "rows": []}
+    if settings is not None:
+        result["metaschedule"] = tuning.describe(settings, args.tuning_dir, runner)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "kernels.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    with open(os.path.join(args.out, "kernels.md"), "w") as f:
-        f.write(markdown(rows) + "\n")
+    base = "kernels" if args.tuner == "dlight" else "kernels_ms"  # a MetaSchedule run keeps the DLight files
+
+    def write(rows):
+        result["rows"] = rows
+        result["total_s"] = round(time.time() - t0, 1)
+        with open(os.path.join(args.out, f"{base}.json"), "w") as f:
+            json.dump(result, f, indent=1)
+        with open(os.path.join(args.out, f"{base}.md"), "w") as f:
+            f.write(markdown(rows) + "\n")
+
+    if settings is not None:  # tune every case's kernels first, largest first (see tuning.tune_groups)
+        t1 = time.time()
+        result["metaschedule_tuning"] = {}
+        try:
+            mods = [tuning.fuse(m, target) for case in cases for m in build_modules(case, target)[:3]]
+            tuning.tune(mods, target, args.tuning_dir, settings, runner=runner, label="all cases",
+                        stats=result["metaschedule_tuning"])
+        except Exception as err:  # noqa: BLE001 - the cases then tune (or fail) one by one
+            import traceback
+
+            traceback.print_exc()
+            result["metaschedule_tuning"]["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        result["metaschedule_tuning"]["seconds"] = round(time.time() - t1, 1)
+    rows = run(cases, target, args.tuner, args.dry, tuning_dir=args.tuning_dir, settings=settings, runner=runner,
+               on_row=write)
+    write(rows)
     print(markdown(rows))
     return 0 if all("error" not in r for r in rows) else 1
 

@@ -1,14 +1,18 @@
 """End-to-end benchmark of the paper's workloads: stock TVM vs vtc-tvm (vs PyTorch when importable).
 
-    python -m benchmarks.run --suite paper --target cuda --tuner dlight [--batch 1 16] [--cases ...]
+    python -m benchmarks.run --suite paper --target cuda --tuner dlight|ms:N [--batch 1 16] [--cases ...]
                              [--out DIR] [--repeat 100] [--max-autotune] [--no-torch-compile] [--dry]
+                             [--tuning-dir DIR] [--ms-budget-s S] [--ms-tasks anchor|all] [--ms-fake-runner]
     python -m benchmarks.run --suite paper --target llvm --size small --repeat 3      (CPU smoke run)
 
 Per case (workload x batch), in one process: build stock TVM (``relax.get_default_pipeline``) and
-vtc-tvm (``vtc_pipeline``) with the same scheduler (DLight, or MetaSchedule ``ms:N`` sharing one
-database per workload); count kernels and data-movement kernels; check vtc against stock (rel L2;
-fp16 < 1e-2, fp32 < 1e-4); time both (median of ``--repeat`` calls after a warm-up, CUDA events,
-inputs rotated over enough copies to exceed 2x the L2); per-kernel GPU time (CUPTI via
+vtc-tvm (``vtc_pipeline``) with the same scheduler (DLight, or MetaSchedule ``ms:N`` through
+:mod:`benchmarks.tuning`, one database per workload in ``--tuning-dir``/<workload>, every case's
+kernels tuned up front); count kernels and data-movement kernels; check vtc against stock (rel L2;
+fp16 < 1e-2, fp32 < 1e-4) and, with torch on the GPU, stock, vtc and torch against the torch twin
+run in float64 (for fp16, ``numerics_ok`` is vtc vs float64 < 1e-2); time both (median of
+``--repeat`` calls after a warm-up, CUDA events, inputs rotated over enough copies to exceed 2x
+the L2); per-kernel GPU time (CUPTI via
 torch.profiler) split into data movement vs compute; peak memory of one call; and PyTorch eager /
 torch.compile on the same function and weights. ``--dry`` only compiles (no device needed).
 
@@ -38,10 +42,11 @@ from tvm import relax
 
 import vtc_tvm  # noqa: F401  (registers the pass)
 from vtc_tvm.analysis import is_data_movement
-from vtc_tvm.pipeline import cuda_target, fusion_passes, vtc_pipeline
+from vtc_tvm.pipeline import cuda_target, vtc_pipeline
 from vtc_tvm.report import kernel_census, uses_tensor_cores
 from vtc_tvm.transform import VirtualTensorize
 
+from . import tuning
 from .workloads import WORKLOADS, load_torch, torch_module
 
 SUITES = {"paper": ["llama_decode", "llama_prefill", "gemma2_decode", "effvit_attn", "yolo_c3k2",
@@ -54,16 +59,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # ----------------------------------------------------------------------------------------------
 # Building
 # ----------------------------------------------------------------------------------------------
-def _backend(target):
-    from tvm.relax import backend
-
-    if target.kind.name == "cuda":
-        return backend.cuda.pipeline
-    if target.kind.name == "llvm":
-        return backend.cpu_generic.pipeline
-    return backend.gpu_generic.pipeline
-
-
 def parse_tuner(tuner: str):
     if tuner == "dlight":
         return "dlight", 0
@@ -72,61 +67,21 @@ def parse_tuner(tuner: str):
     raise ValueError(f"--tuner must be dlight or ms:N, not {tuner!r}")
 
 
-def build(mod, target, variant: str, tuner: str, tuning_dir: str = None):
-    """Compile ``mod`` as ``variant`` ("stock" or "vtc") with the given scheduler."""
+def build(mod, target, variant: str, tuner: str, tuning_dir: str | None = None, settings=None, runner=None,
+          stats: dict | None = None):
+    """Compile ``mod`` as ``variant`` ("stock" or "vtc") with the given scheduler.
+
+    MetaSchedule (``ms:N``): :func:`benchmarks.tuning.compile_metaschedule` with ``settings``
+    (default: :class:`~benchmarks.tuning.TuneSettings` with N trials), the database in
+    ``tuning_dir`` and ``runner`` (default: a ``LocalRunner``; tests pass a fake one).
+    """
     kind, trials = parse_tuner(tuner)
     if kind == "dlight":
         pipeline = relax.get_default_pipeline(target) if variant == "stock" else vtc_pipeline(target)
         return tvm.compile(mod, target=target, relax_pipeline=pipeline)
-    return _build_metaschedule(mod, target, variant, trials, tuning_dir)
-
-
-def _warm_worker():
-    import tvm.s_tir.tensor_intrin  # noqa: F401  (slow import outside the builder's timed call)
-
-
-def _build_metaschedule(mod, target, variant, trials, work_dir):
-    """Stock/vtc pipeline with MetaSchedule in place of DLight for the fused kernels.
-
-    Tasks already in ``work_dir``'s database (e.g. tuned for the other variant) are not re-tuned;
-    DLight still schedules whatever MetaSchedule has no record for.
-    """
-    from tvm.s_tir import meta_schedule as ms
-
-    backend = _backend(target)
-    legal = fusion_passes(target, stores=True) if variant == "vtc" else list(backend.legalize_passes(target))
-    cut = next((i for i, p in enumerate(legal) if "ApplyDefaultSchedule" in p.info.name), len(legal))
-    front = ([VirtualTensorize(target=target)] if variant == "vtc" else []) + list(
-        backend.library_dispatch_passes(target)) + legal[:cut]
-    os.makedirs(work_dir, exist_ok=True)
-    with target:
-        fused = tvm.transform.Sequential(front)(mod)
-        db = ms.database.JSONDatabase(work_dir=work_dir)
-        tasks = ms.relax_integration.extract_tasks(fused, target)
-        todo = [t for t in tasks if db.query_tuning_record(t.dispatched[0], target, "main") is None]
-        print(f"    metaschedule {variant}: {len(tasks)} tasks, {len(todo)} to tune "
-              f"({trials} trials each)", flush=True)
-        if todo and trials > 0:
-            ctxs, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(todo, work_dir=work_dir)
-            ms.tune.tune_tasks(
-                tasks=ctxs, task_weights=weights, work_dir=work_dir,
-                max_trials_global=trials * len(todo), max_trials_per_task=trials,
-                num_trials_per_iter=min(64, max(trials, 1)), database=db,
-                builder=ms.builder.LocalBuilder(timeout_sec=120, initializer=_warm_worker),
-                runner=ms.runner.LocalRunner(timeout_sec=60))
-        fused = relax.transform.MetaScheduleApplyDatabase(work_dir)(fused)
-        rest = legal[cut:] + list(backend.dataflow_lower_passes(target)) + list(backend.finalize_passes(target))
-        rest_pipe = tvm.transform.Sequential(rest)
-    return tvm.compile(fused, target=target, relax_pipeline=_with_target(rest_pipe, target))
-
-
-def _with_target(seq, target):
-    @tvm.transform.module_pass(opt_level=0, name="bench_rest")
-    def _p(mod, _ctx):
-        with target:
-            return seq(mod)
-
-    return _p
+    settings = settings or tuning.TuneSettings(trials=trials)
+    return tuning.compile_metaschedule(mod, target, tuning_dir, settings, variant=variant, runner=runner,
+                                       stats=stats)
 
 
 def fused_module(mod, target, variant):
@@ -257,8 +212,8 @@ def tvm_peak_mib(ex, dev, args):
 def _flat(o):
     if isinstance(o, tvm.runtime.Tensor):
         return [o.numpy()]
-    if hasattr(o, "detach"):
-        return [o.detach().float().cpu().numpy()]
+    if hasattr(o, "detach"):  # a torch tensor; float64 keeps a float64 reference exact
+        return [o.detach().cpu().double().numpy()]
     return [a for x in o for a in _flat(x)]
 
 
@@ -287,12 +242,27 @@ def run_case(wl, batch, args, target, dev, torch):
     row["config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()}
     mod = wl.build(cfg)
     tuning_dir = os.path.join(args.tuning_dir, wl.name)
+    settings, runner = getattr(args, "ms_settings", None), getattr(args, "ms_runner", None)
+    if kind == "metaschedule":
+        # Tune stock's and vtc's kernels together first (a spent --ms-budget-s then hits both alike);
+        # the two builds below find every record in the database.
+        settings = settings or tuning.TuneSettings(trials=trials)
+        row["tuning_dir"] = tuning_dir
+        row["metaschedule"] = {}
+        t0 = time.time()
+        tuning.tune_variants(mod, target, tuning_dir, settings, runner=runner, label="stock+vtc",
+                             stats=row["metaschedule"])
+        row["tune_s"] = round(time.time() - t0, 2)
 
     exes, fused = {}, {}
     for variant in ("stock", "vtc"):
         t0 = time.time()
-        exes[variant] = build(mod, target, variant, args.tuner, tuning_dir)
+        stats = {}
+        exes[variant] = build(mod, target, variant, args.tuner, tuning_dir, settings=settings, runner=runner,
+                              stats=stats)
         row[f"{variant}_compile_s"] = round(time.time() - t0, 2)
+        if stats:
+            row[f"{variant}_ms_kernels"] = stats.get("ms_kernels")  # kernels scheduled by MetaSchedule
         if variant == "stock":
             census = kernel_census(mod, target)
         else:
@@ -317,10 +287,10 @@ def run_case(wl, batch, args, target, dev, torch):
     row["rotated_sets"] = len(sets)
     vms = {v: relax.VirtualMachine(exes[v], dev) for v in exes}
     outs = {v: _flat(vms[v]["main"](*sets[0])) for v in vms}
-    row["max_rel_err"] = rel_l2(outs["vtc"], outs["stock"])
+    row["max_rel_err"] = rel_l2(outs["vtc"], outs["stock"])  # vtc vs stock
+    row["numerics_basis"] = "vtc vs stock"
     row["numerics_ok"] = bool(row["max_rel_err"] < tol)
     ref = outs["stock"]
-    del outs
 
     # Latency (median over repeat), and time_evaluator as a cross-check (no rotation).
     for v, vm in vms.items():
@@ -357,9 +327,26 @@ def run_case(wl, batch, args, target, dev, torch):
         row["peak_source"] = "planned"
         row["stock_peak_mib"], row["vtc_peak_mib"] = row["stock_planned_mib"], row["vtc_planned_mib"]
 
+    # Numerics against a float64 reference: the torch twin in float64 on the same inputs/weights.
+    ref64 = None
+    if torch is not None and gpu:
+        try:
+            ref64 = fp64_reference(wl, cfg, mod, inputs, torch)
+            row["stock_rel_err_fp64"] = rel_l2(outs["stock"], ref64)
+            row["vtc_rel_err_fp64"] = rel_l2(outs["vtc"], ref64)
+            if dtype == "float16":
+                row["numerics_basis"] = "vtc vs fp64 torch twin"
+                row["numerics_ok"] = bool(row["vtc_rel_err_fp64"] < tol)
+        except Exception as err:  # noqa: BLE001 - recorded; numerics_ok stays vtc vs stock
+            traceback.print_exc()
+            row["fp64_error"] = f"{type(err).__name__}: {str(err)[:300]}"
+            ref64 = None
+            torch.cuda.empty_cache()
+    del outs
+
     if torch is not None and gpu and not args.no_torch:
         try:
-            _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch)
+            _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch, ref64)
         except Exception as err:  # noqa: BLE001 - a failing peer is reported, not fatal
             traceback.print_exc()
             row["torch_error"] = f"{type(err).__name__}: {str(err)[:300]}"
@@ -367,15 +354,34 @@ def run_case(wl, batch, args, target, dev, torch):
     return row
 
 
-def _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch):
+def fp64_reference(wl, cfg, mod, inputs, torch, device="cuda"):
+    """The outputs of the workload's torch twin run in float64 on ``inputs`` (activations and
+    weights upcast from the very arrays TVM ran on), as float64 numpy arrays. The twin's RMSNorm
+    and softmax upcast with ``.float()`` like HF's code, so those two steps run in float32."""
+    arrays = [a.astype(np.float64) if a.dtype.kind == "f" else a for a in inputs]
+    module, acts = load_torch(torch_module(wl, cfg), mod, arrays, device=device)
+    module.eval()
+    try:
+        with torch.no_grad():
+            return _flat(module(*acts))
+    finally:
+        del module, acts
+        if device == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch, ref64=None):
     module, acts = load_torch(torch_module(wl, cfg), mod, inputs, device="cuda")
     module.eval()
     act_sets = [acts] + [[a.clone() for a in acts] for _ in range(copies(inputs) - 1)]
     with torch.no_grad():
         out = module(*acts)
-        row["torch_rel_err_vs_stock"] = rel_l2(_flat(out), ref)
+        flat = _flat(out)
+        row["torch_rel_err_vs_stock"] = rel_l2(flat, ref)
         row["torch_numerics_ok"] = bool(row["torch_rel_err_vs_stock"] < 1e-2)
-        del out
+        if ref64 is not None:
+            row["torch_rel_err_fp64"] = rel_l2(flat, ref64)
+        del out, flat
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
@@ -394,7 +400,11 @@ def _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch):
             torch.cuda.synchronize()
             row[f"{key}_compile_s"] = round(time.time() - t0, 1)
             row[f"{key}_ms"] = time_calls(compiled, act_sets, args.repeat, torch=torch)
-            row[f"{key}_rel_err_vs_stock"] = rel_l2(_flat(compiled(*acts)), ref)
+            flat = _flat(compiled(*acts))
+            row[f"{key}_rel_err_vs_stock"] = rel_l2(flat, ref)
+            if ref64 is not None:
+                row[f"{key}_rel_err_fp64"] = rel_l2(flat, ref64)
+            del flat
     del module, act_sets, acts
     torch.cuda.empty_cache()
 
@@ -403,7 +413,8 @@ def _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch):
 # Reporting
 # ----------------------------------------------------------------------------------------------
 KEYS = ["workload", "batch", "scheduler", "trials", "stock_ms", "vtc_ms", "torch_eager_ms", "torch_compile_ms",
-        "stock_peak_mib", "vtc_peak_mib", "stock_kernels", "vtc_kernels", "stock_dm_us", "vtc_dm_us", "max_rel_err"]
+        "stock_peak_mib", "vtc_peak_mib", "stock_kernels", "vtc_kernels", "stock_dm_us", "vtc_dm_us", "max_rel_err",
+        "vtc_rel_err_fp64"]
 
 
 def _f(v, fmt="{:.3f}"):
@@ -424,7 +435,9 @@ def table(rows) -> str:
             ("dm kern s/v", lambda r: f"{_f(r.get('stock_dm_kernels'))}/{_f(r.get('vtc_dm_kernels'))}"),
             ("dm us s/v", lambda r: f"{_f(r.get('stock_dm_us'), '{:.1f}')}/{_f(r.get('vtc_dm_us'), '{:.1f}')}"),
             ("peak MiB s/v", lambda r: f"{_f(r.get('stock_peak_mib'), '{:.1f}')}/{_f(r.get('vtc_peak_mib'), '{:.1f}')}"),
-            ("rel err", lambda r: _f(r.get("max_rel_err"), "{:.1e}")),
+            ("rel err v/s", lambda r: _f(r.get("max_rel_err"), "{:.1e}")),
+            ("fp64 err s/v/t", lambda r: "/".join(_f(r.get(k), "{:.1e}") for k in
+                                                  ("stock_rel_err_fp64", "vtc_rel_err_fp64", "torch_rel_err_fp64"))),
             ("build s s/v", lambda r: f"{_f(r.get('stock_compile_s'))}/{_f(r.get('vtc_compile_s'))}"),
             ("note", lambda r: r.get("error", "") or r.get("torch_error", "")[:60])]
     lines = ["| " + " | ".join(c for c, _ in cols) + " |", "|" + "---|" * len(cols)]
@@ -440,7 +453,9 @@ def markdown(result) -> str:
            f"target `{result['target']}`, tuner `{result['tuner']}`, repeat {result['repeat']}"
            + (" (compile only)" if result.get("dry") else ""), "",
            "s/v = stock TVM / vtc-tvm. Latency: median per call. dm us: GPU time of data-movement kernels per call "
-           "(CUPTI). Peak: " + (rows[0].get("peak_source", "") if rows else ""), "", table(rows), ""]
+           "(CUPTI). rel err v/s: relative L2 of vtc against stock; fp64 err s/v/t: of stock, vtc and torch eager "
+           "against the torch twin in float64. Peak: " + (rows[0].get("peak_source", "") if rows else ""), "",
+           table(rows), ""]
     for name in result.get("charts", []):
         out.append(f"![{name}]({name})")
     return "\n".join(out) + "\n"
@@ -543,18 +558,30 @@ def main(argv=None):
     ap.add_argument("--size", choices=["small", "real"], help="default: real on cuda, small on llvm")
     ap.add_argument("--repeat", type=int, default=100)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
-    ap.add_argument("--tuning-dir", default=os.path.join(HERE, "tuning"))
+    ap.add_argument("--tuning-dir", default=os.path.join(HERE, "tuning"),
+                    help="MetaSchedule databases, one folder per workload: DIR/<workload> (default benchmarks/tuning)")
     ap.add_argument("--dry", action="store_true", help="compile only, no device needed")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peers")
     ap.add_argument("--no-torch-compile", action="store_true", help="torch eager only")
     ap.add_argument("--max-autotune", action="store_true",
                     help='also torch.compile(mode="max-autotune-no-cudagraphs") (slow to compile)')
+    tuning.add_arguments(ap, default_tasks="anchor")
     args = ap.parse_args(argv)
     args.size = args.size or ("real" if args.target == "cuda" else "small")
     args.batch = args.batch or ([1, 16] if args.size == "real" else [1])
-    parse_tuner(args.tuner)
+    kind, trials = parse_tuner(args.tuner)
+    args.ms_settings = args.ms_runner = None
+    if kind == "metaschedule":
+        args.ms_settings = tuning.settings_from_args(args, trials)
+        args.tuning_dir, args.ms_runner = tuning.runner_from_args(args, os.path.join(HERE, "tuning"))
+        tuning.pooled_builder(args.ms_settings.builder_workers, args.ms_settings.builder_timeout)  # warm up now
 
-    target = cuda_target() if args.target == "cuda" else tvm.target.Target("llvm")
+    if args.target == "cuda":
+        target = cuda_target()
+    elif kind == "metaschedule":  # MetaSchedule's CPU search space needs num-cores
+        target = tvm.target.Target({"kind": "llvm", "num-cores": os.cpu_count() or 1})
+    else:
+        target = tvm.target.Target("llvm")
     names = [n for n in SUITES[args.suite] if not args.cases or any(c in n for c in args.cases)]
     dev = None
     torch = None
@@ -577,12 +604,33 @@ def main(argv=None):
               "target": str(target.kind.name) + (f" {target.arch}" if args.target == "cuda" else ""),
               "tuner": args.tuner, "suite": args.suite, "size": args.size, "repeat": args.repeat,
               "dry": args.dry, "argv": sys.argv[1:] if argv is None else list(argv), "cases": []}
+    if args.ms_settings is not None:
+        result["metaschedule"] = tuning.describe(args.ms_settings, args.tuning_dir, args.ms_runner)
     if args.target == "cuda":  # one-off import (~15-45 s) that DLight's tensor-core rule would pay in case 1
         t0 = time.time()
         importlib.import_module("tvm.s_tir.tensor_intrin")
         result["tensor_intrin_import_s"] = round(time.time() - t0, 1)
+    if kind == "metaschedule":  # tune every case's kernels first, largest first (see tuning.tune_groups)
+        t0 = time.time()
+        result["metaschedule_tuning"] = {}
+        try:
+            groups = []
+            for name in names:
+                mods = []
+                for batch in args.batch:
+                    cfg = WORKLOADS[name].config(args.size, batch, "float16" if args.target == "cuda" else "float32")
+                    mod = WORKLOADS[name].build(cfg)
+                    mods += [tuning.fuse(mod, target, v) for v in ("stock", "vtc")]
+                groups.append((os.path.join(args.tuning_dir, name), mods))
+            tuning.tune_groups(groups, target, args.ms_settings, runner=args.ms_runner, label="all cases",
+                               stats=result["metaschedule_tuning"])
+        except Exception as err:  # noqa: BLE001 - the cases then tune (or fail) one by one
+            traceback.print_exc()
+            result["metaschedule_tuning"]["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        result["metaschedule_tuning"]["seconds"] = round(time.time() - t0, 1)
     os.makedirs(args.out, exist_ok=True)
-    stem = f"paper_{now.strftime('%Y-%m-%d_%H%M%S')}"
+    args.base = "paper" if kind == "dlight" else "paper_ms"  # a MetaSchedule run keeps the DLight files
+    stem = f"{args.base}_{now.strftime('%Y-%m-%d_%H%M%S')}"
     t_all = time.time()
     for name in names:
         for batch in args.batch:
@@ -604,19 +652,20 @@ def main(argv=None):
             if torch is not None:
                 torch.cuda.empty_cache()
     result["total_s"] = round(time.time() - t_all, 1)
-    result["charts"] = charts(result["cases"], args.out, "paper")
+    result["charts"] = charts(result["cases"], args.out, args.base)
     _write(result, args, stem)
     print(table(result["cases"]))
-    print(f"total {result['total_s']} s; wrote {args.out}/paper.json, {stem}.json, paper.md")
+    print(f"total {result['total_s']} s; wrote {args.out}/{args.base}.json, {stem}.json, {args.base}.md")
     bad = [r for r in result["cases"] if r.get("error") or r.get("numerics_ok") is False]
     return 1 if bad else 0
 
 
 def _write(result, args, stem=None):
-    for name in ["paper.json"] + ([f"{stem}.json"] if stem else []):
+    base = getattr(args, "base", "paper")
+    for name in [f"{base}.json"] + ([f"{stem}.json"] if stem else []):
         with open(os.path.join(args.out, name), "w") as f:
             json.dump(result, f, indent=1, default=str)
-    with open(os.path.join(args.out, "paper.md"), "w") as f:
+    with open(os.path.join(args.out, f"{base}.md"), "w") as f:
         f.write(markdown(result))
 
 

@@ -183,6 +183,17 @@ class EffViTConfig:
     def small(cls, **kw):
         return dataclasses.replace(cls(channels=32, dim=8, height=8, width=8, batch=2), **kw)
 
+    @property
+    def eps_value(self) -> float:
+        """``eps`` as ``dtype`` holds it. EfficientViT's 1e-15 is 0 in float16; a token whose ReLU'd
+        query is all zero (probability about 2**-dim: ~4 tokens in a batch-16 input) then computes
+        0 / 0 = NaN in the output (what made ``effvit_attn/b16`` non-finite in stock TVM and
+        PyTorch alike: it was never an overflow; at the real size the largest intermediate, the
+        attention numerator/denominator, is ~9e3). The smallest normal float16 (6.1e-5) makes that
+        token 0 and leaves every other one as it was (a denominator is a sum of positive terms, the
+        smallest nonzero one ~12). float32/64 keep 1e-15."""
+        return max(self.eps, float(np.finfo(self.dtype).tiny))
+
     @classmethod
     def real(cls, **kw):
         return cls(**kw)
@@ -221,7 +232,7 @@ def effvit_attention(cfg: EffViTConfig) -> tvm.IRModule:
         out = emit(R.matmul(vk, q))
         num = emit(R.strided_slice(out, axes=[2], begin=[0], end=[d]))
         den = emit(R.strided_slice(out, axes=[2], begin=[d], end=[d + 1]))
-        out = emit(R.divide(num, emit(R.add(den, relax.const(cfg.eps, dt)))))
+        out = emit(R.divide(num, emit(R.add(den, relax.const(cfg.eps_value, dt)))))
         out = emit(R.reshape(out, (N, 2 * td, Hh, W)))
         y = emit(R.add(emit(R.nn.conv2d(out, w_proj)), b_proj))
         return R.add(x, y)
@@ -522,7 +533,7 @@ def _effvit_torch(P, cfg: EffViTConfig, x):
     q, k, v = F.relu(t[:, :, :d]), F.relu(t[:, :, d:2 * d]), t[:, :, 2 * d:]
     v = F.pad(v, (0, 0, 0, 1), mode="constant", value=1)
     out = (v @ k.transpose(-1, -2)) @ q
-    out = out[:, :, :-1] / (out[:, :, -1:] + cfg.eps)
+    out = out[:, :, :-1] / (out[:, :, -1:] + cfg.eps_value)
     out = out.reshape(N, -1, Hh, W)
     return x + F.conv2d(out, P["w_proj"]) + P["b_proj"]
 

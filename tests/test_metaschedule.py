@@ -113,3 +113,154 @@ def test_tune_rewritten_consumer_through_relax(tmp_path):
         return relax.VirtualMachine(ex, tvm.cpu())["main"](*map(tvm.runtime.tensor, args)).numpy()
 
     np.testing.assert_allclose(run(tuned), run(mod), rtol=1e-5, atol=1e-5)
+
+
+def _matmul_transpose_fp16(m=64, k=128, n=256):
+    """``x @ w.T`` in float16: a transpose kernel + a tensor-core matmul for stock TVM, one matmul
+    reading ``w`` through the transpose for vtc."""
+    from tvm import relax
+    from tvm.relax import op as R
+
+    x = relax.Var("x", relax.TensorType((m, k), "float16"))
+    w = relax.Var("w", relax.TensorType((n, k), "float16"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(R.matmul(x, bb.emit(R.permute_dims(w))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.slow
+def test_benchmark_tuning_flow_for_cuda_without_gpu(tmp_path):
+    """The harnesses' MetaSchedule path (benchmarks/tuning.py) for the CUDA tensor-core space, with a
+    fake runner: tune stock and vtc into one database, reload it from disk (and from the committed
+    ``*.json.xz`` alone), apply it, compile for CUDA; the tuned matmuls use tensor cores."""
+    import shutil
+
+    from tvm import relax
+
+    from benchmarks import tuning
+    from vtc_tvm.pipeline import cuda_target
+    from vtc_tvm.report import device_source, uses_tensor_cores
+
+    builder = tuning.pooled_builder(workers=1)  # its worker imports tensor_intrin while we work
+    target = cuda_target()
+    mod = _matmul_transpose_fp16()
+    work = tmp_path / "db"
+    settings = tuning.TuneSettings(trials=3, population=16, init_min_unmeasured=8)
+    runner = tuning.fake_runner(seed=0)
+
+    stats = {v: {} for v in ("stock", "vtc")}
+    exes = {v: tuning.compile_metaschedule(mod, target, str(work), settings, variant=v, runner=runner,
+                                           builder=builder, stats=stats[v]) for v in ("stock", "vtc")}
+    # stock: transpose (left to DLight: not an anchor) + matmul; vtc: one matmul reading w transposed
+    assert stats["stock"]["tasks"] == 2 and stats["stock"]["tuned"] == 1, stats
+    assert stats["vtc"]["tasks"] == 1 and stats["vtc"]["tuned"] == 1, stats
+    calls = runner.calls
+    assert calls >= 2 * settings.trials - 1
+    for v, ex in exes.items():
+        assert uses_tensor_cores(ex), v
+        if shutil.which("nvcc"):  # the tuned CUDA source compiles (to PTX with MMA instructions)
+            from tvm.support import nvcc
+
+            with target:
+                ptx = nvcc.compile_cuda(device_source(ex, "cuda"), target_format="ptx", arch="sm_90",
+                                        compiler="nvcc")
+            assert b"mma" in bytes(ptx), v
+
+    # A fresh JSONDatabase from the files on disk has both tuned matmuls; applying it schedules them.
+    db = ms.database.JSONDatabase(work_dir=str(work))
+    assert len(db) >= 2 * settings.trials - 1
+    for v in ("stock", "vtc"):
+        fused = tuning.fuse(mod, target, v)
+        with target:
+            applied = relax.transform.MetaScheduleApplyDatabase(str(work))(fused)
+        assert [n for n in tuning.scheduled_kernels(applied) if "matmul" in n], (v, tuning.scheduled_kernels(applied))
+
+    # The committed form (best record per workload, xz) is enough: nothing is tuned again.
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    for name in (tuning.WORKLOAD_FILE, tuning.RECORD_FILE):
+        shutil.copy(work / (name + ".xz"), packed / (name + ".xz"))
+    for v in ("stock", "vtc"):
+        again = {}
+        ex = tuning.compile_metaschedule(mod, target, str(packed), settings, variant=v, runner=runner,
+                                         builder=builder, stats=again)
+        assert again["tuned"] == 0 and again["in_db"] == stats[v]["tuned"], (v, again)
+        assert again["ms_kernels"] == stats[v]["ms_kernels"] and uses_tensor_cores(ex)
+    assert runner.calls == calls
+    assert len(ms.database.JSONDatabase(work_dir=str(packed))) == 2  # one record per tuned workload
+
+
+@pytest.mark.slow
+def test_paper_harness_metaschedule_dry(tmp_path):
+    """``benchmarks.run --tuner ms:N --dry`` for CUDA with the fake runner: every case's anchor
+    kernels are tuned up front into <tuning dir>/<workload>, the builds then find them all."""
+    import json
+
+    from benchmarks import run as bench
+    from benchmarks import tuning
+
+    tuning.pooled_builder(1)  # shared with the test above when both run (one warm-up)
+    rc = bench.main(["--suite", "paper", "--target", "cuda", "--size", "small", "--batch", "1", "--dry",
+                     "--cases", "shufflenet_unit", "--tuner", "ms:2", "--ms-fake-runner", "--ms-builders", "1",
+                     "--ms-population", "8", "--tuning-dir", str(tmp_path / "tuning"), "--out", str(tmp_path)])
+    assert rc == 0
+    result = json.loads((tmp_path / "paper_ms.json").read_text())
+    assert result["metaschedule"]["runner"].startswith("fake")
+    pre = result["metaschedule_tuning"]
+    # stock's and vtc's pointwise convs (the small depthwise conv may find no valid CUDA candidate
+    # among so few random samples: it then stays with DLight, as any untunable kernel does)
+    assert pre["tuned"] >= 2 and "error" not in pre, pre
+    (row,) = result["cases"]
+    assert "error" not in row, row
+    assert row["metaschedule"]["tuned"] == 0  # all found in the database
+    assert row["stock_ms_kernels"] >= 1 and row["vtc_ms_kernels"] >= 1
+    assert row["stock_tensor_cores"] is not None
+    assert (tmp_path / "tuning" / "shufflenet_unit" / (tuning.RECORD_FILE + ".xz")).exists()
+
+
+def test_tuning_database_files(tmp_path):
+    """The committed form of a benchmark database (benchmarks/tuning.py): the best record per
+    workload, xz-compressed, unpacked where no plain files exist, merged in (once) where they do."""
+    import shutil
+
+    from benchmarks import tuning
+
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    mods = []
+    for n in (16, 32):
+        a = te.placeholder((n,), "float32", name="A")
+        b = te.compute((n,), lambda i: a[i] + 1, name="B")
+        mods.append(tvm.IRModule({"main": te.create_prim_func([a, b])}))
+
+    def record(db, mod, secs):
+        from tvm import s_tir
+
+        sch = s_tir.Schedule(mod)
+        sch.get_sblock("B")
+        db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), [secs], target,
+                                                         ms.arg_info.ArgInfo.from_prim_func(mod["main"])))
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    db = tuning.open_database(str(first))
+    record(db, mods[0], 2e-5)
+    record(db, mods[0], 1e-5)
+    assert tuning.pack_database(db, str(first)) == 1  # best record of the one workload
+
+    second.mkdir()  # a fresh checkout: only the committed files
+    for name in (tuning.WORKLOAD_FILE, tuning.RECORD_FILE):
+        shutil.copy(first / (name + ".xz"), second / (name + ".xz"))
+    db2 = tuning.open_database(str(second))
+    assert len(db2) == 1 and (second / tuning.WORKLOAD_FILE).exists()
+    assert float(db2.query_tuning_record(mods[0], target, "main").run_secs[0]) == pytest.approx(1e-5)
+
+    record(db, mods[1], 3e-5)  # tuned elsewhere later: comes back as new *.json.xz
+    tuning.pack_database(db, str(first))
+    for name in (tuning.WORKLOAD_FILE, tuning.RECORD_FILE):
+        shutil.copy(first / (name + ".xz"), second / (name + ".xz"))
+    db3 = tuning.open_database(str(second))
+    assert len(db3) == 2 and db3.query_tuning_record(mods[1], target, "main") is not None
+    assert len(tuning.open_database(str(second))) == 2  # merged once, not again
+    assert len(tuning.open_database(str(first))) == 3  # the folder that wrote them merges nothing
