@@ -41,11 +41,16 @@ def emit(expr, name=None):
 def make_module(params, body, name="main", mod=None):
     """A Relax module whose function ``name`` has ``params`` ((shape, dtype) tuples or
     :func:`param`) and one dataflow block computing ``body(*vars)`` (an Expr or a tuple)."""
-    bb = relax.BlockBuilder(mod)
     xs = []
     for i, p in enumerate(params):
         shape, dtype, _, _ = _spec(p)
         xs.append(relax.Var(f"x{i}", relax.TensorType(shape, dtype)))
+    return module_of(xs, body, name, mod)
+
+
+def module_of(xs, body, name="main", mod=None):
+    """Like :func:`make_module`, for parameters given as ``relax.Var`` (e.g. symbolic shapes)."""
+    bb = relax.BlockBuilder(mod)
     with bb.function(name, xs):
         with bb.dataflow():
             out = body(*xs)

@@ -18,7 +18,7 @@ from vtc_tvm import Mapping
 from vtc_tvm.analysis import contiguity
 from vtc_tvm.rules import Unsupported, get_rule
 
-from .conftest import emit, run
+from .conftest import module_of, run
 
 R = relax.op
 F32 = "float32"
@@ -28,16 +28,7 @@ SIZES = [{b: 2, n: 5, m: 3}, {b: 1, n: 1, m: 7}, {b: 3, n: 9, m: 1}]
 
 def module(params, body):
     """``params``: (name, shape with symbols, dtype); ``body(*vars)`` -> output expr(s)."""
-    xs = [relax.Var(name, relax.TensorType(shape, dtype)) for name, shape, dtype in params]
-    bb = relax.BlockBuilder()
-    with bb.function("main", xs):
-        with bb.dataflow():
-            out = body(*xs)
-            if isinstance(out, (list, tuple)):
-                out = relax.Tuple([emit(o) for o in out])
-            gv = bb.emit_output(out)
-        bb.emit_func_output(gv)
-    return bb.get()
+    return module_of([relax.Var(name, relax.TensorType(shape, dtype)) for name, shape, dtype in params], body)
 
 
 def concrete(shape, sizes):
