@@ -240,7 +240,13 @@ def run_case(wl, batch, args, target, dev, torch):
     t_case = time.time()
     cfg = wl.config(args.size, batch, dtype)
     row["config"] = {k: (list(v) if isinstance(v, tuple) else v) for k, v in vars(cfg).items()}
-    mod = wl.build(cfg)
+    if getattr(args, "source", "builder") == "onnx":  # the path a TVM user takes: from_onnx
+        from .onnx_models import onnx_module
+
+        mod = onnx_module(wl.name, cfg)
+    else:
+        mod = wl.build(cfg)
+    row["source"] = getattr(args, "source", "builder")
     tuning_dir = os.path.join(args.tuning_dir, wl.name)
     settings, runner = getattr(args, "ms_settings", None), getattr(args, "ms_runner", None)
     if kind == "metaschedule":
@@ -556,6 +562,8 @@ def main(argv=None):
     ap.add_argument("--batch", type=int, nargs="+", help="default: 1 16 (real size), 1 (small)")
     ap.add_argument("--cases", nargs="*", help="workload names (or substrings) to run")
     ap.add_argument("--size", choices=["small", "real"], help="default: real on cuda, small on llvm")
+    ap.add_argument("--source", choices=["builder", "onnx"], default="builder",
+                    help="the Relax builders, or their ONNX twins imported with from_onnx (benchmarks/onnx_models.py)")
     ap.add_argument("--repeat", type=int, default=100)
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--tuning-dir", default=os.path.join(HERE, "tuning"),
@@ -602,7 +610,7 @@ def main(argv=None):
     result = {"commit": _commit(), "date": now.strftime("%Y-%m-%d"), "time": now.strftime("%H:%M:%S"),
               "device": _device(target, args.dry, torch), "tvm": tvm.__version__, "torch": torch_version,
               "target": str(target.kind.name) + (f" {target.arch}" if args.target == "cuda" else ""),
-              "tuner": args.tuner, "suite": args.suite, "size": args.size, "repeat": args.repeat,
+              "tuner": args.tuner, "suite": args.suite, "size": args.size, "source": args.source, "repeat": args.repeat,
               "dry": args.dry, "argv": sys.argv[1:] if argv is None else list(argv), "cases": []}
     if args.ms_settings is not None:
         result["metaschedule"] = tuning.describe(args.ms_settings, args.tuning_dir, args.ms_runner)

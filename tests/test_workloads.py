@@ -92,3 +92,16 @@ def test_harness_end_to_end(tmp_path):
     dated = [f for f in os.listdir(tmp_path) if f.startswith("paper_") and f.endswith(".json")]
     assert len(dated) == 1
     assert (tmp_path / "paper.md").read_text().count("\n|") >= len(result["cases"]) + 1
+
+
+def test_harness_from_onnx(tmp_path):
+    """``--source onnx``: the same workloads imported from their ONNX twins through from_onnx."""
+    rc = bench.main(["--suite", "paper", "--target", "llvm", "--size", "small", "--repeat", "2",
+                     "--cases", "llama_decode", "shufflenet_unit", "--source", "onnx", "--out", str(tmp_path)])
+    assert rc == 0
+    result = json.loads((tmp_path / "paper.json").read_text())
+    assert result["source"] == "onnx" and len(result["cases"]) == 2
+    for case in result["cases"]:
+        assert case["source"] == "onnx" and "error" not in case, case
+        assert case["max_rel_err"] < 1e-4
+        assert case["vtc_dm_kernels"] < case["stock_dm_kernels"]
