@@ -14,8 +14,8 @@ from tvm import relax
 import vtc_tvm
 from vtc_tvm.rewrite import MAPPING_ATTR
 
-from .conftest import (FUSE, LLVM, called_prim_funcs, emit, kernels, make_module, param, random_inputs,
-                       run)
+from .conftest import (FUSE, LLVM, called_prim_funcs, emit, kernels, make_module, module_of, param,
+                       random_inputs, run)
 
 R = relax.op
 F32 = "float32"
@@ -395,15 +395,15 @@ def test_one_movement_op_several_consumers(strategy, rng):
 def test_symbolic_dims_flow_through(strategy, rng):
     """A symbolic dimension is no reason to stay physical (more cases: test_symbolic.py)."""
     n = tvm.tirx.Var("n", "int64")
-    x = relax.Var("x", relax.TensorType((n, 8), F32))
-    w = relax.Var("w", relax.TensorType((n, 4), F32))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            t = bb.emit(R.permute_dims(R.exp(x)))
-            gv = bb.emit_output(R.matmul(t, w))
-        bb.emit_func_output(gv)
-    mod = bb.get()
+    xs = [relax.Var("x", relax.TensorType((n, 8), F32)), relax.Var("w", relax.TensorType((n, 4), F32))]
+    bound = {}
+
+    def body(x, w):
+        bound["t"] = emit(R.permute_dims(R.exp(x)))
+        return R.matmul(bound["t"], w)
+
+    mod = module_of(xs, body)
+    t = bound["t"]
     report = []
     out = vtc_tvm.VirtualTensorize(strategy=strategy, report=report)(mod)
     assert relax.analysis.check_well_formed(out)

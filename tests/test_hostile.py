@@ -29,7 +29,7 @@ from tvm.script import ir as I, relax as R
 import vtc_tvm
 from vtc_tvm.pipeline import vtc_pipeline
 
-from .conftest import FUSE, LLVM, _to_numpy, emit, make_module, random_inputs
+from .conftest import FUSE, LLVM, _to_numpy, emit, make_module, module_of, random_inputs
 
 F32, F16, I32 = "float32", "float16", "int32"
 I64_MIN, I64_MAX = -(2**63), 2**63 - 1
@@ -553,15 +553,8 @@ case("int32_transpose_matmul", calls=[("main", [((6, 5), I32, -20, 20), ((6, 3),
 # -- symbolic shapes ----------------------------------------------------------------------------
 def _symbolic():
     n = tvm.tirx.Var("n", "int64")
-    x = relax.Var("x", relax.TensorType((n, 8), F32))
-    w = relax.Var("w", relax.TensorType((n, 4), F32))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            t = bb.emit(R.permute_dims(x))
-            gv = bb.emit_output(R.matmul(t, w))
-        bb.emit_func_output(gv)
-    return bb.get()
+    xs = [relax.Var("x", relax.TensorType((n, 8), F32)), relax.Var("w", relax.TensorType((n, 4), F32))]
+    return module_of(xs, lambda x, w: R.matmul(emit(R.permute_dims(x)), w))
 
 
 def _symbolic_flows(out, report, strategy):

@@ -17,11 +17,10 @@ from __future__ import annotations
 from typing import Optional
 
 import tvm
-import tvm_ffi
 from tvm import tirx
 
 from .analysis import _non_root_blocks, index_copy_mapping
-from .mapping import Mapping, _i64, _substitute
+from .mapping import Mapping, _i64, _substitute, row_major_strides
 
 VECTOR_BYTES = 16
 THREADS = 256
@@ -40,30 +39,16 @@ def vector_lanes(mapping: Mapping) -> int:
 
 
 def _aligned(mapping: Mapping, piece, last, lanes: int) -> bool:
-    if piece.cond is not None and _mentions(piece.cond, last):
+    if piece.cond is not None and any(v.same_as(last) for v in tirx.analysis.undefined_vars(piece.cond)):
         return False  # the piece may change inside a vector
     if piece.source is None:
         return True  # a constant
     ana = mapping.analyzer()
-    strides = _strides(mapping.source_shape(piece.source))
+    strides = row_major_strides(mapping.source_shape(piece.source))
     offset = sum((_i64(s) * e for s, e in zip(strides, piece.indices)), _i64(0))
     step = ana.simplify(_substitute(offset, {last: last + 1}) - offset)
     start = _substitute(offset, {last: _i64(0)})
     return isinstance(step, tirx.IntImm) and int(step) == 1 and ana.can_prove(tirx.floormod(start, lanes) == 0)
-
-
-def _strides(shape):
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return out[::-1]
-
-
-def _mentions(expr, var) -> bool:
-    found = []
-    tvm_ffi.structural_walk(expr, (tvm.ir.Var, lambda v: found.append(v) if v.same_as(var) else None), order="post")
-    return bool(found)
 
 
 def schedule_copy(func: tirx.PrimFunc, target) -> Optional[tirx.PrimFunc]:

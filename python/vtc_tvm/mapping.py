@@ -57,6 +57,11 @@ def same_shape(a, b) -> bool:
         for x, y in zip(a, b))
 
 
+def row_major_strides(shape) -> list:
+    """Element strides of a row-major tensor of ``shape`` (ints or ``PrimExpr``)."""
+    return [math.prod(shape[i + 1 :]) for i in range(len(shape))]
+
+
 def new_buffer(shape, dtype, name) -> tirx.Buffer:
     """A buffer like the ones LegalizeOps and TE create (no TileLayout): FuseTIR compares the
     buffer types of a tensor's producer and consumers structurally."""

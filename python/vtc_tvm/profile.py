@@ -16,16 +16,12 @@ structural hash, so the 32 identical layers of a model are profiled once.
 
 from __future__ import annotations
 
-import logging
 from typing import Dict, Optional, Tuple
 
 import numpy as np
 import tvm
 import tvm_ffi
 from tvm import tirx
-
-logger = logging.getLogger("vtc_tvm")
-
 
 class EdgeProfiler:
     """Times candidate kernels on ``target``'s device (see the module docstring)."""
@@ -52,7 +48,7 @@ class EdgeProfiler:
                       f"consumer {consumer_us:.1f} us")
 
     def time_us(self, func: tirx.PrimFunc) -> Optional[float]:
-        """Mean run time of ``func`` alone, in microseconds (None for symbolic shapes)."""
+        """Median run time of ``func`` alone, in microseconds (None for symbolic shapes)."""
         key = tvm_ffi.structural_hash(func)
         if key not in self._cache:
             args = _random_args(func, self.device)

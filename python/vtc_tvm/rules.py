@@ -20,7 +20,7 @@ from typing import Callable, Dict
 import tvm
 from tvm import relax, tirx
 
-from .mapping import Mapping, Piece, VirtualTensor, _substitute, dim
+from .mapping import Mapping, Piece, VirtualTensor, _substitute, dim, row_major_strides
 
 _RULES: Dict[str, Callable] = {}
 
@@ -88,13 +88,9 @@ def _ints(tup) -> list:
     return out
 
 
-def _strides(shape):
-    return [math.prod(shape[i + 1 :]) for i in range(len(shape))]
-
-
 def _unravel(flat, shape):
     return [tirx.floormod(tirx.floordiv(flat, s), d) if i else tirx.floordiv(flat, s)
-            for i, (s, d) in enumerate(zip(_strides(shape), shape))]
+            for i, (s, d) in enumerate(zip(row_major_strides(shape), shape))]
 
 
 def _view(call, src, fn) -> VirtualTensor:
@@ -108,7 +104,7 @@ def _reshape(call):
     out_shape, in_shape = dims_of(call), dims_of(x)
 
     def fn(*v):
-        flat = sum((vi * s for vi, s in zip(v, _strides(out_shape))), tirx.IntImm("int64", 0))
+        flat = sum((vi * s for vi, s in zip(v, row_major_strides(out_shape))), tirx.IntImm("int64", 0))
         return _unravel(flat, in_shape)
 
     return _view(call, x, fn)
