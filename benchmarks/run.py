@@ -68,8 +68,10 @@ def parse_tuner(tuner: str):
 
 
 def build(mod, target, variant: str, tuner: str, tuning_dir: str | None = None, settings=None, runner=None,
-          stats: dict | None = None):
+          stats: dict | None = None, vtc_options: dict | None = None):
     """Compile ``mod`` as ``variant`` ("stock" or "vtc") with the given scheduler.
+
+    ``vtc_options`` go to :func:`vtc_tvm.VirtualTensorize` (DLight only; e.g. ``profile``).
 
     MetaSchedule (``ms:N``): :func:`benchmarks.tuning.compile_metaschedule` with ``settings``
     (default: :class:`~benchmarks.tuning.TuneSettings` with N trials), the database in
@@ -77,21 +79,22 @@ def build(mod, target, variant: str, tuner: str, tuning_dir: str | None = None, 
     """
     kind, trials = parse_tuner(tuner)
     if kind == "dlight":
-        pipeline = relax.get_default_pipeline(target) if variant == "stock" else vtc_pipeline(target)
+        pipeline = relax.get_default_pipeline(target) if variant == "stock" else vtc_pipeline(
+            target, **(vtc_options or {}))
         return tvm.compile(mod, target=target, relax_pipeline=pipeline)
     settings = settings or tuning.TuneSettings(trials=trials)
     return tuning.compile_metaschedule(mod, target, tuning_dir, settings, variant=variant, runner=runner,
                                        stats=stats)
 
 
-def fused_module(mod, target, variant):
+def fused_module(mod, target, variant, vtc_options: dict | None = None):
     """The module after fusion, as ``kernel_census`` sees it: its PrimFunc names are the kernels'."""
     T = relax.transform
     passes = [T.LegalizeOps(), T.AnnotateTIROpPattern(), T.FoldConstant(), T.FuseOps(), T.FuseTIR()]
     if variant == "vtc":
         from vtc_tvm.stores import VirtualTensorizeStores
 
-        mod = VirtualTensorize(target=target)(mod)
+        mod = VirtualTensorize(target=target, **(vtc_options or {}))(mod)
         passes.append(VirtualTensorizeStores(target))
     with target:
         return tvm.transform.Sequential(passes + [T.RewriteDataflowReshape()])(mod)
@@ -261,22 +264,28 @@ def run_case(wl, batch, args, target, dev, torch):
         row["tune_s"] = round(time.time() - t0, 2)
 
     exes, fused = {}, {}
+    vtc_options = getattr(args, "vtc_options", None) or {}
     for variant in ("stock", "vtc"):
         t0 = time.time()
         stats = {}
         exes[variant] = build(mod, target, variant, args.tuner, tuning_dir, settings=settings, runner=runner,
-                              stats=stats)
+                              stats=stats, vtc_options=vtc_options)
         row[f"{variant}_compile_s"] = round(time.time() - t0, 2)
         if stats:
             row[f"{variant}_ms_kernels"] = stats.get("ms_kernels")  # kernels scheduled by MetaSchedule
         if variant == "stock":
             census = kernel_census(mod, target)
         else:
-            census = kernel_census(VirtualTensorize(target=target)(mod), target, stores=True)
+            decisions = []
+            census = kernel_census(VirtualTensorize(target=target, report=decisions, **vtc_options)(mod), target,
+                                   stores=True)
+            if vtc_options.get("profile") is not None:  # what on-device profiling decided, edge by edge
+                row["vtc_profiled"] = [f"{d['tensor']} -> {d['consumer']}: {d['reason']}"
+                                       for d in decisions if "profiled" in d["reason"]]
         row[f"{variant}_kernels"] = census["kernels"]
         row[f"{variant}_dm_kernels"] = census["data_movement"]
         row[f"{variant}_planned_mib"] = census["planned_bytes"] / MIB
-        fused[variant] = kernel_classes(fused_module(mod, target, variant))
+        fused[variant] = kernel_classes(fused_module(mod, target, variant, vtc_options))
     row["vtc_tensor_cores"] = uses_tensor_cores(exes["vtc"]) if gpu else None
     row["stock_tensor_cores"] = uses_tensor_cores(exes["stock"]) if gpu else None
     if args.dry:
@@ -571,6 +580,9 @@ def main(argv=None):
     ap.add_argument("--dry", action="store_true", help="compile only, no device needed")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peers")
     ap.add_argument("--no-torch-compile", action="store_true", help="torch eager only")
+    ap.add_argument("--vtc-profile", action="store_true",
+                    help="VirtualTensorize(profile=True): time every accepted edge on the GPU and keep only "
+                         "those that are faster (DLight, needs the device)")
     ap.add_argument("--max-autotune", action="store_true",
                     help='also torch.compile(mode="max-autotune-no-cudagraphs") (slow to compile)')
     tuning.add_arguments(ap, default_tasks="anchor")
@@ -583,6 +595,9 @@ def main(argv=None):
         args.ms_settings = tuning.settings_from_args(args, trials)
         args.tuning_dir, args.ms_runner = tuning.runner_from_args(args, os.path.join(HERE, "tuning"))
         tuning.pooled_builder(args.ms_settings.builder_workers, args.ms_settings.builder_timeout)  # warm up now
+
+    if args.vtc_profile and (kind != "dlight" or args.dry):
+        sys.exit("--vtc-profile needs --tuner dlight and a device (not --dry)")
 
     if args.target == "cuda":
         target = cuda_target()
@@ -599,6 +614,10 @@ def main(argv=None):
             if not dev.exist:
                 sys.exit("no CUDA GPU found: use --dry to compile only")
             torch = None if args.no_torch else _torch()
+    if args.vtc_profile:  # one profiler for every case: its cache keys kernels by structure
+        from vtc_tvm.profile import EdgeProfiler
+
+        args.vtc_options = {"profile": EdgeProfiler(target)}
     try:
         import torch as _t
 
@@ -611,7 +630,8 @@ def main(argv=None):
               "device": _device(target, args.dry, torch), "tvm": tvm.__version__, "torch": torch_version,
               "target": str(target.kind.name) + (f" {target.arch}" if args.target == "cuda" else ""),
               "tuner": args.tuner, "suite": args.suite, "size": args.size, "source": args.source, "repeat": args.repeat,
-              "dry": args.dry, "argv": sys.argv[1:] if argv is None else list(argv), "cases": []}
+              "dry": args.dry, "vtc_profile": args.vtc_profile,
+              "argv": sys.argv[1:] if argv is None else list(argv), "cases": []}
     if args.ms_settings is not None:
         result["metaschedule"] = tuning.describe(args.ms_settings, args.tuning_dir, args.ms_runner)
     if args.target == "cuda":  # one-off import (~15-45 s) that DLight's tensor-core rule would pay in case 1

@@ -173,6 +173,29 @@ def test_channel_shuffle_in_consumer(shape, rng):
     check_numerics(mod, params, rng)
 
 
+def _shuffle_units(x, ws, units):
+    """ShuffleNet units: concat(pass-through half, branch(other half)) -> shuffle -> split."""
+    for k in range(units):
+        halves = emit(R.split(x, 2, axis=1))
+        keep, branch = emit(relax.TupleGetItem(halves, 0)), emit(relax.TupleGetItem(halves, 1))
+        y = emit(R.nn.relu(emit(R.nn.conv2d(branch, ws[k]))))
+        x = emit(channel_shuffle(emit(R.concat([keep, y], axis=1)), 2))
+    return x
+
+
+def test_composition_stops_before_pinning_many_sources(rng):
+    # The pass-through half of each unit would compose into a mapping over every earlier
+    # unit's branch output, keeping them all alive: composition stops at two sources.
+    n, c, h, w, units = 1, 8, 8, 8, 4
+    params = [((n, c, h, w), F32)] + [((c // 2, c // 2, 1, 1), F32)] * units
+    mod = make_module(params, lambda x, *ws: _shuffle_units(x, ws, units))
+    out = vtc_tvm.VirtualTensorize(strategy="all")(mod)
+    convs = [f for name, f in called_prim_funcs(out) if name.startswith("conv2d") and MAPPING_ATTR in f.attrs]
+    assert len(convs) == units, out  # every branch reads its half where it lies
+    assert all(len(f.params) <= 4 for f in convs), out  # at most 2 sources, the weight, the output
+    check_numerics(mod, params, rng)
+
+
 # -- Swin window partition / reverse ---------------------------------------------------------
 def window_partition(x, ws):
     b, h, w, c = (int(d) for d in x.ty.shape.values)

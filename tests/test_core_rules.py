@@ -427,6 +427,18 @@ def test_contiguity_classes():
     assert tk.indirect and tk.best_axis_run >= 8
 
 
+def test_contiguity_counts_whole_planes():
+    # A channel shuffle moves whole H x W planes: a 28 x 28 plane is one run of 784 elements,
+    # although 784 divides no power-of-two sample window.
+    def shuffle(x):
+        y = R.permute_dims(relax.BlockBuilder.current().emit(R.reshape(x, (1, 2, 29, 28, 28))), [0, 2, 1, 3, 4])
+        return y
+
+    c = contiguity(_rule_mapping([((1, 58, 28, 28), F32)],
+                                 lambda x: shuffle(x), "relax.permute_dims"))
+    assert not c.full and c.inner_run == 784
+
+
 @pytest.mark.parametrize("params,body,op", [
     ([((), F32)], lambda x: R.broadcast_to(x, (4, 8)), "relax.broadcast_to"),
     ([((1, 1), F32)], lambda x: R.reshape(x, ()), "relax.reshape"),

@@ -123,3 +123,75 @@ def test_update_in_place_compiles_for_cuda(kind):
         assert any("DLight cannot schedule" in r["reason"] for r in report), report
     else:
         assert "_inplace_kernel" in device_source(ex)
+
+
+def _projected_module(update):
+    """The rows come from a K projection (x @ w, to heads, times cos): a kernel of ours."""
+    cache = relax.Var("cache", relax.TensorType((B, H, T, D), "float32"))
+    x = relax.Var("x", relax.TensorType((B, 1, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((8, H * D), "float32"))
+    cos = relax.Var("cos", relax.TensorType((B, 1, 1, D), "float32"))
+    extra, updated_fn = update
+    bb = relax.BlockBuilder()
+    with bb.function("main", [cache, x, w, cos] + extra):
+        with bb.dataflow():
+            k = bb.emit(R.permute_dims(bb.emit(R.reshape(bb.emit(R.matmul(x, w)), (B, 1, H, D))), [0, 2, 1, 3]))
+            rows = bb.emit(R.multiply(k, cos))
+            out = bb.emit_output(updated_fn(cache, rows, *extra))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("kind", sorted(UPDATES))
+def test_producer_writes_its_rows_into_the_cache(kind):
+    from vtc_tvm.pipeline import vtc_pipeline
+
+    rng = np.random.default_rng()
+    pos = 5
+    mod = _projected_module(UPDATES[kind]())
+    cache, _q, _new, *index = _inputs(kind, pos, rng)
+    args = [cache, rng.standard_normal((B, 1, 8)).astype("float32"),
+            rng.standard_normal((8, H * D)).astype("float32"), rng.standard_normal((B, 1, 1, D)).astype("float32")]
+    args += index
+
+    def run(pipeline):
+        ex = tvm.compile(mod, target=LLVM, relax_pipeline=pipeline)
+        tensors = [tvm.runtime.tensor(a) for a in args]
+        return relax.VirtualMachine(ex, tvm.cpu())["main"](*tensors).numpy(), tensors[0].numpy()
+
+    want, _ = run(relax.get_default_pipeline(LLVM))
+    report = []
+    got, caller_cache = run(vtc_pipeline(LLVM, inplace=["cache"], report=report))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(caller_cache, got)  # updated in place
+    untouched = np.ones(T, bool)
+    untouched[pos] = False
+    np.testing.assert_array_equal(got[:, :, untouched], cache[:, :, untouched])
+
+    # The rows never exist as a tensor of their own: their producer stores into the cache
+    # (FuseOps already fuses an elementwise producer into a slice update; the store side does
+    # it for the indexed updates).
+    with LLVM:
+        lowered = vtc_pipeline(LLVM, inplace=["cache"])(mod)
+    tensors = []
+    relax.analysis.post_order_visit(lowered["main"].body, lambda e: tensors.append(
+        (tuple(int(d) for d in e.ty.shape), str(e.ty.dtype)))
+        if isinstance(e, relax.Var) and isinstance(e.ty, relax.TensorType) else None)
+    assert ((B, H, 1, D), "float32") not in tensors, lowered["main"]
+
+
+@pytest.mark.parametrize("kind", ["scatter_nd", "slice_scatter"])
+def test_producer_into_the_cache_compiles_for_cuda(kind):
+    from vtc_tvm.pipeline import cuda_target, vtc_pipeline
+    from vtc_tvm.report import device_source
+
+    target = cuda_target()
+    report = []
+    ex = tvm.compile(_projected_module(UPDATES[kind]()), target=target,
+                     relax_pipeline=vtc_pipeline(target, inplace=["cache"], report=report))
+    src = device_source(ex)
+    if kind == "scatter_nd":
+        assert any(r.get("side") == "store" and r["virtual"] for r in report), report
+        assert "_into_" in src
+    else:
+        assert "slice_scatter_inplace" in src

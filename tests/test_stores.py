@@ -133,3 +133,33 @@ def test_store_side_saves_memory():
     vtc = kernel_census(VirtualTensorize()(mod), LLVM, stores=True)
     assert vtc["data_movement"] < stock["data_movement"]
     assert vtc["planned_bytes"] < stock["planned_bytes"]
+
+
+def test_split_of_a_gemm_into_three_consumers():
+    # Each part of the GEMM's output is read where it lies (the load side): no split copies.
+    def body(bb, x, w, w2):
+        parts = bb.emit(R.split(bb.emit(R.matmul(x, w)), 3, axis=1))
+        a, b, c = (bb.emit(relax.TupleGetItem(parts, i)) for i in range(3))
+        return relax.Tuple([bb.emit(R.nn.relu(a)), bb.emit(R.matmul(b, w2)), bb.emit(R.sum(c, axis=[1]))])
+
+    mod = _module([(16, 8), (8, 96), (32, 8)], body)  # parts 32 wide: one coalesced run
+    report = []
+    _compare(mod, report)
+    assert sum(d["virtual"] for d in report) == 3, report
+    assert kernel_census(VirtualTensorize()(mod), LLVM, stores=True)["data_movement"] == 0
+
+
+def test_destination_that_is_itself_virtual():
+    # The concat is read through transpose o concat by its consumer, so it never exists: its
+    # producers keep their own buffers (nothing may be redirected into a tensor that is not there).
+    def body(bb, x, w1, w2):
+        c = bb.emit(R.concat([bb.emit(R.matmul(x, w1)), bb.emit(R.matmul(x, w2))], axis=1))
+        return R.add(bb.emit(R.permute_dims(c)), relax.const(1.0))
+
+    mod = _module([(8, 8), (8, 4), (8, 12)], body)
+    report = []
+    _compare(mod, report)
+    assert any(d["virtual"] and d.get("side") != "store" for d in report), report
+    assert not any(d.get("side") == "store" for d in report), report
+    assert not _store_decisions(mod)
+    assert kernel_census(VirtualTensorize()(mod), LLVM, stores=True)["data_movement"] == 0

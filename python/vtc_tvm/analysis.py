@@ -244,11 +244,14 @@ def contiguity(mapping: Mapping, seed: int = 0) -> Contiguity:
     # Row-major run: a window of the innermost elements at a few random outer positions.
     window = min(size, _SAMPLE)
     starts = sorted({0} | {int(s) // window * window for s in rng.integers(0, size, 3)})
+    # Runs that end at a row boundary (e.g. a whole H x W plane of a channel shuffle) need not
+    # divide the window: try every suffix product of the shape too.
+    rows = [math.prod(shape[a:]) for a in range(1, len(shape))]
     inner, first = window, []
     for start in starts:
         flat = np.arange(start, min(start + window, size), dtype=np.int64)
         offs = _offsets(mapping, np.unravel_index(flat, shape), env_bufs)
-        inner = min(inner, _aligned_run(offs))
+        inner = min(inner, _aligned_run(offs, start, rows))
         first.append(offs[0])
     # Fully contiguous: every sampled window continues the first one in the same source.
     full = inner == window and all(f - first[0] == s for f, s in zip(first, starts))
@@ -299,11 +302,14 @@ def _offset_piece(p: Piece) -> Piece:
     return p if p.source is not None else Piece(None, (), p.cond, tirx.IntImm("int64", -1))
 
 
-def _aligned_run(offs: np.ndarray) -> int:
-    """Largest r (a divisor of len) such that every aligned block of r offsets is consecutive."""
+def _aligned_run(offs: np.ndarray, start: int = 0, extra=()) -> int:
+    """Largest r (a divisor of len, or one of ``extra``) such that every block of r offsets
+    aligned to a multiple of r (counting from flat position ``start``) is consecutive."""
     n = len(offs)
-    step_ok = np.concatenate([[False], (np.diff(offs) == 1) & (offs[1:] >= 0)])
-    for r in sorted((d for d in range(2, n + 1) if n % d == 0), reverse=True):
-        if step_ok.reshape(-1, r)[:, 1:].all():
+    step_ok = (np.diff(offs) == 1) & (offs[1:] >= 0)  # element i + 1 continues element i
+    pos = np.arange(start + 1, start + n, dtype=np.int64)
+    candidates = {d for d in range(2, n + 1) if n % d == 0} | {r for r in extra if 1 < r <= n}
+    for r in sorted(candidates, reverse=True):
+        if step_ok[pos % r != 0].all():
             return r
     return 1

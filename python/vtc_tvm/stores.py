@@ -1,4 +1,4 @@
-"""Store side: producers write straight into the concat that consumes them.
+"""Store side: producers write straight into the concat or in-place update that consumes them.
 
 Pattern (after ``FuseOps``/``FuseTIR``, where producers are final kernels)::
 
@@ -12,6 +12,14 @@ Rewrite: ``a`` and ``b`` become virtual views of ``c``; their producers store in
     c1 = call_tir_inplace(producer_b_into, (..., c0), [k], out_ty=c)
     c  = call_tir_inplace(copy_into, (x, c1), [1], out_ty=c)           # inputs without a producer
 
+The same for the in-place updates of :mod:`vtc_tvm.inplace` (a KV-cache row written at positions
+read from an index tensor)::
+
+    rows = call_tir(k_proj_rope, ...)                                   # used only by the update
+    cache = call_tir_inplace(scatter_nd_inplace, (rows, idx, cache), [2])
+    ->
+    cache = call_tir_inplace(k_proj_rope_into_cache, (..., idx, cache), [n])
+
 A tensor has one physical home: an input used anywhere else (a second concat, another consumer,
 a function output) keeps its own buffer and is copied, exactly like stock TVM does.
 """
@@ -23,14 +31,17 @@ from collections import Counter
 from typing import Optional
 
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
+from tvm.ir import Op, TensorLoad
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from .analysis import call_tir_kernel, index_copy_mapping
-from .mapping import Mapping
+from .analysis import _non_root_blocks, call_tir_kernel, index_copy_mapping
+from .mapping import Mapping, _substitute
 from .rewrite import NotRewritable, best_schedulable, offset_index, redirect_output
 
 logger = logging.getLogger("vtc_tvm")
+CALL_TIR_INPLACE = Op.get("relax.call_tir_inplace")
 
 
 def concat_offsets(mapping: Mapping) -> Optional[list]:
@@ -50,6 +61,59 @@ def concat_offsets(mapping: Mapping) -> Optional[list]:
     return offsets
 
 
+def indexed_copy(func: tirx.PrimFunc):
+    """``(store_index, index params)`` if ``func`` is one block ``out[f(v)] = src[v]`` over the
+    whole of ``src`` (its first parameter) into ``out`` (its last), reading nothing but index
+    tensors (the parameters between) in ``f``; else None. ``store_index`` maps indices of ``src``
+    to ``f`` of them: what a producer of ``src`` can store through."""
+    params = list(func.params)
+    blocks = _non_root_blocks(func)
+    if len(params) < 2 or len(blocks) != 1 or not all(tirx.is_buffer_var(p) for p in params):
+        return None
+    block = blocks[0]
+    src, out, ivs = params[0], params[-1], [iv.var for iv in block.iter_vars]
+    store, value = block.body, getattr(block.body, "value", None)
+    if not (isinstance(store, tirx.BufferStore) and store.buffer.same_as(out) and isinstance(value, TensorLoad)
+            and value.source.same_as(src) and len(ivs) == len(src.shape)
+            and all(tvm.sym.Analyzer().can_prove_equal(iv.dom.extent, n) and _is_zero(iv.dom.min)
+                    for iv, n in zip(block.iter_vars, src.shape))
+            # the load reads src[v] (an index of a unit axis may have been simplified to 0)
+            and all(i.same_as(iv.var) or (_is_zero(i) and _is_one(iv.dom.extent))
+                    for i, iv in zip(value.indices, block.iter_vars))):
+        return None
+    if block.alloc_buffers or (block.init is not None) or _reads_other_than(store.indices, params[1:-1]):
+        return None
+
+    def store_index(idx):
+        return [_substitute(e, dict(zip(ivs, idx))) for e in store.indices]
+
+    return store_index, params[1:-1]
+
+
+def _uses(func) -> Counter:
+    uses = Counter()
+    relax.analysis.post_order_visit(func.body, lambda e: uses.update([e]) if isinstance(e, relax.Var) else None)
+    for p in func.params:
+        uses[p] += 1  # parameters are never rewritten
+    return uses
+
+
+def _is_zero(e):
+    return isinstance(e, tirx.IntImm) and e.value == 0
+
+
+def _is_one(e):
+    return isinstance(e, tirx.IntImm) and e.value == 1
+
+
+def _reads_other_than(exprs, buffers) -> bool:
+    bad = []
+    for e in exprs:
+        tvm_ffi.structural_walk(e, (TensorLoad, lambda ld: bad.append(ld) if not any(
+            ld.source.same_as(b) for b in buffers) else None))
+    return bool(bad)
+
+
 @mutator
 class _StoreRewriter(PyExprMutator):
     def __init__(self, mod, target, report):
@@ -63,7 +127,8 @@ class _StoreRewriter(PyExprMutator):
             if isinstance(func, relax.Function) and not (func.attrs and func.attrs.get("Primitive")):
                 self.plan = self._plan(func)
                 self.current, self.redirected = {}, set()
-                if self.plan:
+                self.updates, self.pending = self._plan_updates(func), {}
+                if self.plan or self.updates:
                     self.builder_.update_func(gv, self.visit_expr(func))
         return self.builder_.get()
 
@@ -71,10 +136,7 @@ class _StoreRewriter(PyExprMutator):
     def _plan(self, func):
         """{concat var: (its inputs, their offsets, {input produced by a kernel of ours and read
         only by this concat: its offsets})}."""
-        uses = Counter()
-        relax.analysis.post_order_visit(func.body, lambda e: uses.update([e]) if isinstance(e, relax.Var) else None)
-        for p in func.params:
-            uses[p] += 1  # parameters are never rewritten
+        uses = _uses(func)
         bound, plan = {}, {}
         for block in func.body.blocks:
             if not isinstance(block, relax.DataflowBlock):
@@ -94,6 +156,27 @@ class _StoreRewriter(PyExprMutator):
                     plan[b.var] = (srcs, offsets, producers)
         return plan
 
+    def _plan_updates(self, func):
+        """{rows var: (the update's var, its call, store index, index params)} for in-place
+        updates whose rows come from a kernel of ours and are read nowhere else."""
+        uses = _uses(func)
+        bound, plan = {}, {}
+        for block in func.body.blocks:
+            for b in block.bindings:
+                bound[b.var] = b.value
+                call = b.value
+                if not (isinstance(call, relax.Call) and call.op.same_as(CALL_TIR_INPLACE)):
+                    continue
+                update = self.mod[call.args[0]]
+                found = indexed_copy(update) if isinstance(update, tirx.PrimFunc) else None
+                rows = call.args[1].fields[0]
+                if found is None or list(call.attrs.inplace_indices) != [len(call.args[1].fields) - 1]:
+                    continue
+                if isinstance(rows, relax.DataflowVar) and uses[rows] == 1 \
+                        and self._producer(bound.get(rows)) is not None:
+                    plan[rows] = (b.var, call, *found)
+        return plan
+
     def _concat(self, value):
         kernel = call_tir_kernel(self.mod, value)
         mapping = index_copy_mapping(kernel[1]) if kernel is not None else None
@@ -105,6 +188,15 @@ class _StoreRewriter(PyExprMutator):
 
     # -- rewrite -------------------------------------------------------------------------------
     def visit_var_binding_(self, binding):
+        if binding.var in self.updates and self._defer_producer(binding):
+            return
+        if binding.var in self.pending:
+            gv, args, update = self.pending.pop(binding.var)
+            fields = list(update.args[1].fields)
+            extra = [self.visit_expr(a) for a in fields[1:]]  # index tensors, then the destination
+            self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(
+                relax.call_tir_inplace(gv, args + extra, [len(args) + len(extra) - 1], out_ty=binding.var.ty))))
+            return
         for concat, (srcs, offsets, producers) in self.plan.items():
             if binding.var in producers and self._emit_producer(binding, concat, producers[binding.var]):
                 return
@@ -132,6 +224,25 @@ class _StoreRewriter(PyExprMutator):
             new = relax.call_tir_inplace(gv, args + [prev], [len(args)], out_ty=concat.ty)
         self.current[concat] = self.builder_.emit(new, name_hint=f"{concat.name}_part")
         self.redirected.add(binding.var)
+        return True
+
+    def _defer_producer(self, binding) -> bool:
+        """Rows of an in-place update: their producer will store through the update's index,
+        emitted in the update's place (where the index tensors and the destination exist)."""
+        update_var, update, store_index, index_params = self.updates[binding.var]
+        call = binding.value
+        func = self.mod[call.args[0]]
+        dest = update_var.ty
+        try:
+            into = best_schedulable(func, [redirect_output(
+                func, [int(d) for d in dest.shape], store_index, update_var.name, extra_params=index_params)],
+                self.target)
+        except NotRewritable as err:
+            self._log(binding.var, update_var, False, str(err))
+            return False
+        self._log(binding.var, update_var, True, "producer stores straight into the updated tensor")
+        gv = self.builder_.add_func(into, f"{call.args[0].name_hint}_into_{update_var.name}")
+        self.pending[update_var] = (gv, [self.visit_expr(a) for a in call.args[1].fields], update)
         return True
 
     def _emit_rest(self, binding, srcs, offsets, producers):

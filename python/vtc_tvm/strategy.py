@@ -12,12 +12,28 @@ A strategy is a callable ``(mapping, contiguity, consumer_pattern) -> Decision``
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Union
 
 from .analysis import COMM_REDUCE, OUT_EWISE_FUSABLE, Contiguity
 
 COALESCED_BYTES = 128  # one fully coalesced warp transaction (32 lanes x 4 bytes)
+# A virtual tensor keeps every source it reads alive until its consumer runs. Chains of
+# concat/shuffle/split (ShuffleNet's pass-through half) compose into mappings over the outputs of
+# many earlier units; reading them all saves one copy but pins several times the tensor's bytes.
+MAX_PINNED = 2
+
+
+def pins_too_much(mapping) -> bool:
+    """Whether ``mapping`` reads more than :data:`MAX_PINNED` sources holding more than
+    :data:`MAX_PINNED` times its own elements (composition stops before such a mapping: the
+    intermediate tensor is materialised instead)."""
+    data = mapping.data_sources()
+    if len(data) <= MAX_PINNED or mapping.symbols:
+        return False
+    pinned = sum(math.prod(mapping.source_shape(j)) for j in data)
+    return pinned > MAX_PINNED * mapping.size
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from .analysis import call_tir_kernel, contiguity, index_copy_mapping, op_patter
 from .mapping import VirtualTensor
 from .rewrite import NotRewritable, best_schedulable, check_schedulable, rewritten_forms
 from .rules import Unsupported, get_rule
-from .strategy import get_strategy
+from .strategy import get_strategy, pins_too_much
 
 logger = logging.getLogger("vtc_tvm")
 
@@ -58,9 +58,9 @@ class _VirtualTensorizer(PyExprMutator):
         for gv, func in self.mod.functions_items():
             # Primitive functions are FuseOps groups: their bodies belong to FuseTIR.
             if isinstance(func, relax.Function) and not (func.attrs and func.attrs.get("Primitive")):
-                self.virtual = {}
+                self.virtual, self.rewritten = {}, set()
                 self.uses = _use_counts(func)
-                self.builder_.update_func(gv, self.visit_expr(func))
+                self.builder_.update_func(gv, _hoist(self.visit_expr(func), self.rewritten))
         return self.builder_.get()
 
     def _log(self, var, consumer, take, reason):
@@ -120,16 +120,18 @@ class _VirtualTensorizer(PyExprMutator):
         return out if isinstance(vt, list) else out[0]
 
     def _compose(self, vt: VirtualTensor) -> VirtualTensor:
-        """Express ``vt`` over physical tensors: compose through virtual sources."""
+        """Express ``vt`` over physical tensors: compose through virtual sources, except where
+        that would pin many more bytes than ``vt`` holds (that source is then materialised)."""
         mapping, sources = vt.mapping, list(vt.sources)
         j = 0
         while j < len(sources):
             inner = self.virtual.get(sources[j]) if isinstance(sources[j], relax.Var) else None
             if isinstance(inner, VirtualTensor) and self._visible(inner):
-                mapping = mapping.compose(j, inner.mapping)
-                sources = sources[:j] + sources[j + 1 :] + list(inner.sources)
-            else:
-                j += 1
+                further = mapping.compose(j, inner.mapping)
+                if not pins_too_much(further):
+                    mapping, sources = further, sources[:j] + sources[j + 1 :] + list(inner.sources)
+                    continue
+            j += 1
         return VirtualTensor(mapping, sources)
 
     def _visible(self, vt: VirtualTensor) -> bool:
@@ -157,6 +159,7 @@ class _VirtualTensorizer(PyExprMutator):
             new_value = self._rewrite_consumer(binding.var, value)
             if new_value is not None:
                 self._emit_same_var(binding, new_value)
+                self.rewritten.add(binding.var)
                 return
         super().visit_var_binding_(binding)
 
@@ -292,6 +295,33 @@ class _VirtualTensorizer(PyExprMutator):
         if vt.mapping not in self._contiguity:
             self._contiguity[vt.mapping] = contiguity(vt.mapping)
         return self._contiguity[vt.mapping]
+
+
+def _hoist(func: relax.Function, rewritten) -> relax.Function:
+    """Move each rewritten consumer up to just after the last definition it reads.
+
+    It now reads the movement op's sources, and runs where the movement op ran. Left in place,
+    it runs later than stock's fused kernel would (FuseOps emits a group where its first binding
+    was, e.g. the reshape of a Q projection): the sources then live longer, and on Llama prefill
+    the planner packed the same tensors into 80 MiB instead of 70.
+    """
+    if not rewritten:
+        return func
+    blocks = []
+    for block in func.body.blocks:
+        if not isinstance(block, relax.DataflowBlock):
+            blocks.append(block)
+            continue
+        order = []
+        for b in block.bindings:
+            at = len(order)
+            if b.var in rewritten:
+                reads = set(relax.analysis.free_vars(b.value))
+                at = max((i + 1 for i, o in enumerate(order) if o.var in reads), default=0)
+            order.insert(at, b)
+        blocks.append(relax.DataflowBlock(order))
+    return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+                          func.attrs)
 
 
 def _check_symbols(vt: VirtualTensor):
