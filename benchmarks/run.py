@@ -407,6 +407,8 @@ def _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch, ref64=None):
         modes = [] if args.no_torch_compile else [("torch_compile", {})]
         if args.max_autotune:
             modes.append(("torch_compile_max_autotune", {"mode": "max-autotune-no-cudagraphs"}))
+        if getattr(args, "cuda_graphs", False):  # launch overhead gone: what eager/compile lose at batch 1
+            modes.append(("torch_compile_cudagraphs", {"mode": "reduce-overhead"}))
         for key, kw in modes:
             torch._dynamo.reset()
             t0 = time.time()
@@ -446,6 +448,7 @@ def table(rows) -> str:
             ("speedup", lambda r: _f(r.get("speedup"), "{:.2f}x")),
             ("eager ms", lambda r: _f(r.get("torch_eager_ms"))),
             ("compile ms", lambda r: _f(r.get("torch_compile_ms"))),
+            ("graphs ms", lambda r: _f(r.get("torch_compile_cudagraphs_ms"))),
             ("kernels s/v", lambda r: f"{_f(r.get('stock_kernels'))}/{_f(r.get('vtc_kernels'))}"),
             ("dm kern s/v", lambda r: f"{_f(r.get('stock_dm_kernels'))}/{_f(r.get('vtc_dm_kernels'))}"),
             ("dm us s/v", lambda r: f"{_f(r.get('stock_dm_us'), '{:.1f}')}/{_f(r.get('vtc_dm_us'), '{:.1f}')}"),
@@ -491,7 +494,8 @@ def charts(rows, out_dir, stem) -> list:
     x = np.arange(len(done))
     if done:
         series = [("stock TVM", "stock_ms"), ("vtc-tvm", "vtc_ms"), ("torch eager", "torch_eager_ms"),
-                  ("torch.compile", "torch_compile_ms"), ("torch max-autotune", "torch_compile_max_autotune_ms")]
+                  ("torch.compile", "torch_compile_ms"), ("torch max-autotune", "torch_compile_max_autotune_ms"),
+                  ("torch CUDA graphs", "torch_compile_cudagraphs_ms")]
         series = [s for s in series if any(r.get(s[1]) for r in done)]
         fig, ax = plt.subplots(figsize=(max(8, len(done) * 1.2), 4.5))
         w = 0.8 / len(series)
@@ -583,6 +587,8 @@ def main(argv=None):
     ap.add_argument("--vtc-profile", action="store_true",
                     help="VirtualTensorize(profile=True): time every accepted edge on the GPU and keep only "
                          "those that are faster (DLight, needs the device)")
+    ap.add_argument("--cuda-graphs", action="store_true",
+                    help='also torch.compile(mode="reduce-overhead") (CUDA graphs)')
     ap.add_argument("--max-autotune", action="store_true",
                     help='also torch.compile(mode="max-autotune-no-cudagraphs") (slow to compile)')
     tuning.add_arguments(ap, default_tasks="anchor")
