@@ -3,8 +3,9 @@
 Hypothesis draws a random Relax function (BlockBuilder, high-level ops) that mixes the
 data-movement ops vtc-tvm has rules for -- chained, branching, several virtual inputs per
 consumer -- and feeds them into compute ops. Each graph is compiled three times on LLVM with the
-fused default pipeline (stock, ``VirtualTensorize()``, ``VirtualTensorize("all")``) and run on
-the same random inputs. The outputs must agree (fp32: rtol = atol = 1e-6, ints: exact, fp16:
+fused default pipeline (stock, ``VirtualTensorize()``, ``VirtualTensorize("all")``; the two vtc
+builds with the store side after FuseTIR, as in the ``"vtc"`` pipeline) and run on the same
+random inputs. The outputs must agree (fp32: rtol = atol = 1e-6, ints: exact, fp16:
 1e-3) and the transformed module must be well formed; any exception on the vtc side is a
 failure. Graphs that stock TVM itself cannot build or run are discarded.
 
@@ -49,6 +50,7 @@ import tvm
 from tvm import relax
 
 import vtc_tvm
+from vtc_tvm.pipeline import store_side_pipeline
 
 REGRESSION_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "regressions")
 MAX_ELEMS = 4096          # largest tensor a graph may create
@@ -959,8 +961,10 @@ def _pipeline():
     return _PIPELINE
 
 
-def compile_vm(mod):
-    ex = tvm.compile(mod, target="llvm", relax_pipeline=_pipeline())
+def compile_vm(mod, stores=False):
+    """Stock's pipeline; with ``stores``, plus the store side after FuseTIR (as vtc's)."""
+    pipeline = store_side_pipeline(tvm.target.Target("llvm")) if stores else _pipeline()
+    ex = tvm.compile(mod, target="llvm", relax_pipeline=pipeline)
     return relax.VirtualMachine(ex, tvm.cpu())
 
 
@@ -1026,7 +1030,7 @@ def differential(mod: tvm.IRModule, arrays, strategies=STRATEGIES, reports=None)
                 raise VtcFailure("crash", strategy, stage, "transformed module is not well formed",
                                  tag + "crash:ill-formed")
             stage = "compile/run"
-            vm = compile_vm(new)
+            vm = compile_vm(new, stores=True)
             for k, (sizes, xs) in enumerate(sets):
                 at = f" at sizes {sizes}" if symbolic else ""
                 try:

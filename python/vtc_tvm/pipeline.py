@@ -55,18 +55,33 @@ def vtc_pipeline(target=None, stores: bool = True, schedule_copies: bool = True,
             [VirtualTensorize(**options), relax.pipeline.default_build_pipeline()], name="vtc_pipeline")
     target = tvm.target.Target(target)
     options.setdefault("target", target)
-    backend = _backend(target)
-    passes = ([VirtualTensorize(**options)] + list(backend.library_dispatch_passes(target))
-              + fusion_passes(target, stores, options.get("report"), schedule_copies)
-              + list(backend.dataflow_lower_passes(target))
-              + list(backend.finalize_passes(target)))
+    return _in_target(target, [VirtualTensorize(**options)] + backend_passes(
+        target, stores, options.get("report"), schedule_copies), "vtc_pipeline")
 
-    @tvm.transform.module_pass(opt_level=0, name="vtc_pipeline")
+
+def backend_passes(target: tvm.target.Target, stores: bool = True, report=None,
+                   schedule_copies: bool = True) -> list:
+    """The stock pipeline of ``target``'s backend, pass for pass, with the store side and the
+    copy schedules of :func:`fusion_passes`: what follows the load side."""
+    backend = _backend(target)
+    return (list(backend.library_dispatch_passes(target)) + fusion_passes(target, stores, report, schedule_copies)
+            + list(backend.dataflow_lower_passes(target)) + list(backend.finalize_passes(target)))
+
+
+def _in_target(target, passes, name):
+    @tvm.transform.module_pass(opt_level=0, name=name)
     def _pipeline(mod, _ctx):
         with target:
             return tvm.transform.Sequential(passes)(mod)
 
     return _pipeline
+
+
+def store_side_pipeline(target, report=None) -> tvm.transform.Pass:
+    """The stock pipeline of ``target`` with the store side only (for modules already through
+    :func:`vtc_tvm.VirtualTensorize`)."""
+    target = tvm.target.Target(target)
+    return _in_target(target, backend_passes(target, True, report), "store_side_pipeline")
 
 
 def register():

@@ -9,6 +9,8 @@ normalisation then splits block axes that the mapping divides by a constant (GQA
 
 from __future__ import annotations
 
+import math
+
 from typing import Optional
 
 import tvm
@@ -112,7 +114,9 @@ def rewritten_forms(func: tirx.PrimFunc, param_index: int, mapping: Mapping, nam
         # different attention scores on the H200). A plain floordiv read under DLight's
         # GEMV/Reduction rules was wrong the same way, so on GPUs only the split form is offered.
         split = split.with_attr("op_pattern", OPAQUE)
-        forms = [split] if gpu else forms + [split]
+        # On GPUs both forms are opaque (the race needed a fused epilogue); the plain one, for
+        # DLight's Reduction rule, which sums a long GQA reduction in a tree (see SERIAL_HALF_TERMS).
+        forms = [split, forms[0].with_attr("op_pattern", OPAQUE)] if gpu else forms + [split]
     if gpu and (mapping.is_piecewise or mapping.is_indirect):
         try:
             staged = stage_input(func, param_index)
@@ -296,10 +300,40 @@ def _dlight_rules():
 
 def _dlight_rule(func: tirx.PrimFunc, target) -> int:
     """Index of the first default DLight rule that schedules ``func`` (raises on failure)."""
+    return _dlight_schedule(func, target)[0]
+
+
+def _dlight_schedule(func: tirx.PrimFunc, target):
+    """``(rule index, schedule)`` of the first default DLight rule that schedules ``func``."""
     for i, rule in enumerate(_dlight_rules()):
-        if rule.apply(func, target, False) is not None:
-            return i
-    return len(_dlight_rules())
+        sch = rule.apply(func, target, False)
+        if sch is not None:
+            return i, sch
+    return len(_dlight_rules()), None
+
+
+# DLight's Matmul rule without tensor cores (an output extent <= 64: decode attention) sums the
+# whole reduction in one fp16 register per thread. Over a 4096-token cache that is ~4x the error
+# of the Reduction rule's tree (Gemma-2 decode on the H200: 1.5e-2 against float64, stock 7.5e-3).
+SERIAL_HALF_TERMS = 1024
+_TREE_RULES = ("GEMV", "Reduction", "GeneralReduction")
+
+
+def _serial_half_terms(func: tirx.PrimFunc, rule: int, sch) -> int:
+    """How many 16-bit float terms one thread adds up in ``rule``'s schedule of ``func`` (0 when
+    it is not DLight's SIMT Matmul or accumulates in a wider type)."""
+    rules = _dlight_rules()
+    if rule >= len(rules) or type(rules[rule]).__name__ != "Matmul" \
+            or any(inst.kind.name == "Tensorize" for inst in sch.trace.insts):
+        return 0
+    terms = 0
+    for block in _blocks_of(func.body):
+        if block.name_hint != "root" and block.writes and str(block.writes[0].source.dtype) in (
+                "float16", "bfloat16"):
+            reduction = [iv.dom.extent for iv in block.iter_vars if iv.iter_type == 2]
+            if reduction and all(isinstance(e, tirx.IntImm) for e in reduction):
+                terms = max(terms, math.prod(int(e) for e in reduction))
+    return terms
 
 
 def check_schedulable(func: tirx.PrimFunc, target) -> None:
@@ -333,10 +367,17 @@ def best_schedulable(original: tirx.PrimFunc, candidates, target) -> tirx.PrimFu
         ranked, failures = [], []
         for k, func in enumerate(candidates):
             try:
-                ranked.append((_dlight_rule(func, target), k))
+                rule, sch = _dlight_schedule(func, target)
             except Exception as err:  # noqa: BLE001 - a scheduling failure rules the form out
                 lines = [ln for ln in str(err).splitlines() if ln.strip()]
                 failures.append(lines[-1][:200] if lines else type(err).__name__)
+                continue
+            serial = _serial_half_terms(func, rule, sch)
+            if names[before] in _TREE_RULES and serial >= SERIAL_HALF_TERMS:
+                failures.append(f"DLight's Matmul rule (no tensor cores) would add {serial} 16-bit terms in "
+                                f"one register where {names[before]} sums them in a tree")
+                continue
+            ranked.append((rule, k))
     if ranked and min(ranked)[0] <= before:
         return candidates[min(ranked)[1]]
     if ranked:
