@@ -136,3 +136,39 @@ def test_read_stage_form_computes_the_same(kind):
         results.append(vm["main"](*[tvm.runtime.tensor(a) for a in inputs]).numpy())
     assert np.abs(results[0]).max() > 0
     np.testing.assert_array_equal(results[1], results[0])
+
+
+# -- long fp16 reductions keep a tree order ------------------------------------------------------
+def _gqa_pv(batch, ctx):
+    from tvm import relax
+
+    op = relax.op
+    bb = relax.BlockBuilder()
+    p = relax.Var("p", relax.TensorType((batch, 32, 1, ctx), "float16"))
+    v = relax.Var("v", relax.TensorType((batch, 8, ctx, 128), "float16"))
+    with bb.function("main", [p, v]):
+        with bb.dataflow():
+            rep = bb.emit(op.reshape(bb.emit(op.broadcast_to(bb.emit(op.expand_dims(v, 2)), (batch, 8, 4, ctx, 128))),
+                                     (batch, 32, ctx, 128)))
+            out = bb.emit_output(op.matmul(p, rep))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("ctx", [256, 4096])
+def test_gqa_pv_at_batch_1_sums_in_a_tree(ctx):
+    """Decode attention P @ repeat_kv(V) at batch 1: stock's kernel is DLight's Reduction (a
+    tree). The split-axis rewrite would be DLight's SIMT Matmul, which adds the whole context in
+    one fp16 register: refused for a long context, where the plain form (Reduction) is taken."""
+    import vtc_tvm
+    from vtc_tvm.pipeline import cuda_target as vtc_cuda_target
+    from vtc_tvm.rewrite import SERIAL_HALF_TERMS, _dlight_rule, _dlight_rules
+
+    target = vtc_cuda_target()
+    report = []
+    out = vtc_tvm.VirtualTensorize(target=target, report=report)(_gqa_pv(1, ctx))
+    assert report and all(e["virtual"] for e in report), report
+    (func,) = [f for gv, f in out.functions_items() if gv.name_hint.startswith("matmul_vtc")]
+    with target:
+        rule = type(_dlight_rules()[_dlight_rule(func, target)]).__name__
+    assert rule == ("Matmul" if ctx < SERIAL_HALF_TERMS else "Reduction"), rule
