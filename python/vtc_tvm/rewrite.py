@@ -193,12 +193,12 @@ def redirect_output(func: tirx.PrimFunc, dest_shape, store_index, name="dest",
     """
     out = func.params[-1]
     dest = new_buffer(dest_shape, out.dtype, name)
+    # Checked here: raised inside the structural map below, it would surface as a RuntimeError.
+    if len(store_index([tirx.Var(f"i{k}", "int64") for k in range(len(out.shape))])) != len(dest_shape):
+        raise NotRewritable("the store index does not match the destination's rank")
 
     def moved(idx):
-        new = list(store_index(list(idx)))
-        if len(new) != len(dest_shape):
-            raise NotRewritable("the store index does not match the destination's rank")
-        return [_cast(e, str(idx[0].ty)) if idx else e for e in new]
+        return [_cast(e, str(idx[0].ty)) if idx else e for e in store_index(list(idx))]
 
     def on_store(store):
         if store.buffer.same_as(out):

@@ -52,8 +52,8 @@ def concat_offsets(mapping: Mapping) -> Optional[list]:
     ana = mapping.analyzer()
     offsets = [None] * len(mapping.sources)
     for p in mapping.pieces:
-        if p.source is None or offsets[p.source] is not None:
-            return None
+        if p.source is None or offsets[p.source] is not None or len(p.indices) != len(mapping.vars):
+            return None  # (a reshape from a 0-d tensor is not a slice of the output)
         shift = [ana.simplify(v - i) for v, i in zip(mapping.vars, p.indices)]
         if not all(isinstance(s, tirx.IntImm) for s in shift):
             return None
