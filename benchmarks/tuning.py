@@ -40,6 +40,7 @@ import shutil
 import tempfile
 import time
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -70,6 +71,7 @@ class TuneSettings:
     tasks: str = "anchor"  # "anchor": only kernels with a matmul/conv; "all"
     deadline: float | None = None  # time.time() after which no new task is tuned
     seed: int = 0
+    dlight_baseline: bool = True  # also measure DLight's schedule of each tuned task: the best record wins
 
     def strategy(self, max_fail_count: int = 5, min_population: int = 0):
         """``max_fail_count``: sampling rounds without enough valid candidates before giving up
@@ -125,6 +127,8 @@ def add_arguments(ap, default_tasks: str = "anchor"):
     g.add_argument("--ms-number", type=int, default=d.number, help="runner: calls per measurement")
     g.add_argument("--ms-repeat", type=int, default=d.repeat, help="runner: measurements per candidate")
     g.add_argument("--ms-builders", type=int, default=None, help="build workers (default: os.cpu_count())")
+    g.add_argument("--ms-no-dlight-baseline", action="store_true",
+                   help="do not record DLight's schedule of each tuned task next to MetaSchedule's candidates")
     g.add_argument("--ms-fake-runner", action="store_true",
                    help="measure nothing (pseudo-random times): checks the tuning flow without a device; "
                         "its database goes to a scratch folder unless --tuning-dir is given")
@@ -135,7 +139,8 @@ def settings_from_args(args, trials: int) -> TuneSettings:
         trials=trials, population=args.ms_population, genetic_iters=args.ms_genetic_iters,
         init_measured_ratio=args.ms_init_measured_ratio, per_iter=args.ms_per_iter, number=args.ms_number,
         repeat=args.ms_repeat, builder_workers=args.ms_builders, tasks=args.ms_tasks,
-        deadline=None if args.ms_budget_s is None else time.time() + args.ms_budget_s)
+        deadline=None if args.ms_budget_s is None else time.time() + args.ms_budget_s,
+        dlight_baseline=not args.ms_no_dlight_baseline)
 
 
 def runner_from_args(args, default_dir: str):
@@ -482,6 +487,39 @@ def _tune_one(ctx, work_dir, settings, builder, runner, db):
         return state, f"{type(e).__name__}: {lines[-1][:200] if lines else ''}"
 
 
+def dlight_record(task, target, builder, runner, db) -> float | None:
+    """Measure DLight's schedule of ``task`` with the tuning run's own builder and runner and
+    commit it to ``db`` as one more record (microseconds; None where DLight has no schedule or it
+    fails to build or run). The database's best is then never worse than what the build would
+    get without it: at a budget of a few random candidates (a GEMV has no tensor-core sketch),
+    MetaSchedule alone lost to DLight by 3x on the H200."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from vtc_tvm.rewrite import _dlight_schedule
+
+    mod = task.dispatched[0]
+    try:
+        with target:
+            _, sch = _dlight_schedule(mod["main"], target)
+        if isinstance(sch, list):
+            sch = sch[0] if sch else None
+        if sch is None:
+            return None
+        (built,) = builder.build([ms.builder.BuilderInput(sch.mod, target)])
+        if built.error_msg:
+            return None
+        args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+        (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, target.kind.name, args_info)])
+        result = future.result()
+    except Exception:  # noqa: BLE001 - a baseline that cannot be measured is simply not recorded
+        return None
+    if result.error_msg or not result.run_secs:
+        return None
+    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), result.run_secs, target,
+                                                     args_info))
+    return float(np.mean([float(t) for t in result.run_secs])) * 1e6
+
+
 def tune(fused_mods: list[tvm.IRModule], target, work_dir: str, settings: TuneSettings, runner=None,
          builder=None, label: str = "", stats: dict | None = None, log=print, quiet_if_done: bool = False):
     """Tune the kernels of the modules ``fused_mods`` (each after ``FuseTIR``) that ``work_dir``'s
@@ -566,12 +604,17 @@ def tune_groups(groups, target, settings: TuneSettings, runner=None, builder=Non
             else:
                 stats["failed"] += 1
                 _FAILED.add(_key(task))
+            dlight_us = dlight_record(task, target, builder, runner, db) if settings.dlight_baseline else None
+            if dlight_us is not None:
+                stats["dlight_better"] = stats.get("dlight_better", 0) + int(dlight_us < state["best"] * 1e6)
             best = f"{state['best'] * 1e6:.1f} us" if state["best"] < float("inf") else "none"
             split = ""
             if "end" in BUILD_TIMES and state.get("batches") == 1:  # one batch: search, build, run
                 split = (f" (search {BUILD_TIMES['start'] - t0:.1f} + build "
                          f"{BUILD_TIMES['end'] - BUILD_TIMES['start']:.1f} + run {state['measured'] - BUILD_TIMES['end']:.1f})")
             name = task.task_name if len(groups) == 1 else f"{os.path.basename(work_dir)}:{task.task_name}"
+            if dlight_us is not None:
+                best += f" (DLight {dlight_us:.1f} us)"
             log(f"      [{i + 1}/{len(todo)}] {name} ({_flops(task) / 1e9:.2f} GFLOP): "
                 f"{state['trials']} trials, {state['built']} built, {state['ran']} ran, best {best}; "
                 f"{time.time() - t_task:.1f} s{split}{space}" + (f"  ({err})" if err and not state["ran"] else ""),

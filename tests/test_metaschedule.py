@@ -148,7 +148,8 @@ def test_benchmark_tuning_flow_for_cuda_without_gpu(tmp_path):
     target = cuda_target()
     mod = _matmul_transpose_fp16()
     work = tmp_path / "db"
-    settings = tuning.TuneSettings(trials=3, population=16, init_min_unmeasured=8)
+    # MetaSchedule's own candidates only (the fake runner's times could make DLight's record win)
+    settings = tuning.TuneSettings(trials=3, population=16, init_min_unmeasured=8, dlight_baseline=False)
     runner = tuning.fake_runner(seed=0)
 
     stats = {v: {} for v in ("stock", "vtc")}
@@ -191,6 +192,32 @@ def test_benchmark_tuning_flow_for_cuda_without_gpu(tmp_path):
         assert again["ms_kernels"] == stats[v]["ms_kernels"] and uses_tensor_cores(ex)
     assert runner.calls == calls
     assert len(ms.database.JSONDatabase(work_dir=str(packed))) == 2  # one record per tuned workload
+
+
+def test_dlight_baseline_is_a_record(tmp_path):
+    """Each tuned task also gets DLight's schedule, measured by the same runner, as a record: the
+    database's best is never worse than DLight. It survives the JSON round trip and applies."""
+    from tvm import relax
+
+    from benchmarks import tuning
+    from vtc_tvm.pipeline import cuda_target
+
+    builder = tuning.pooled_builder(workers=1)
+    target = cuda_target()
+    fused = tuning.fuse(_matmul_transpose_fp16(), target, "vtc")
+    counts = {}
+    for baseline in (False, True):
+        work = tmp_path / f"db{int(baseline)}"
+        settings = tuning.TuneSettings(trials=2, population=16, init_min_unmeasured=8, dlight_baseline=baseline)
+        runner = tuning.fake_runner(seed=0)
+        tuning.tune([fused], target, str(work), settings, runner=runner, builder=builder)
+        db = ms.database.JSONDatabase(work_dir=str(work))  # from disk: the DLight record parses
+        counts[baseline] = (len(db), runner.calls)
+        with target:
+            applied = relax.transform.MetaScheduleApplyDatabase(str(work))(fused)
+        assert [n for n in tuning.scheduled_kernels(applied) if "matmul" in n]
+    assert counts[True][0] == counts[False][0] + 1, counts  # one more record ...
+    assert counts[True][1] == counts[False][1] + 1, counts  # ... measured by the same runner
 
 
 @pytest.mark.slow
