@@ -5,7 +5,8 @@ Run:  .venv/bin/python tutorials/03_store_side_and_kv_cache.py
 Store side: the inputs of a concat become views of the concat's output, and the kernels that
 produce them store straight into their slice (the "vtc" pipeline does this after FuseTIR).
 In place: ``VirtualTensorize(inplace=["cache"])`` lets a scatter into the ``cache`` parameter
-write only the new rows into the caller's tensor, instead of copying the whole cache.
+write only the new rows into the caller's tensor, instead of copying the whole cache; and when a
+kernel of ours computes those rows (a K projection), it stores them into the cache itself.
 """
 
 import numpy as np
@@ -14,10 +15,12 @@ from tvm import relax
 from tvm.relax import op as R
 
 import vtc_tvm
+from vtc_tvm.pipeline import vtc_pipeline
 from vtc_tvm.report import kernel_census
 
 target = tvm.target.Target("llvm")
 rng = np.random.default_rng()
+
 
 # 1. Two GEMMs whose results are concatenated (a YOLO / DenseNet pattern).
 x = relax.Var("x", relax.TensorType((64, 32), "float32"))
@@ -70,4 +73,30 @@ relax.VirtualMachine(ex, tvm.cpu())["main"](cache_tvm, tvm.runtime.tensor(rows_n
 expected = cache_np.copy()
 expected[:, :, pos] = rows_np[:, :, 0]
 np.testing.assert_array_equal(cache_tvm.numpy(), expected)  # the caller's cache was updated
+
+# 3. The rows come from a K projection and a RoPE-like scaling: with the "vtc" pipeline the
+#    scaling kernel reads the projection through the reshape/transpose (load side) and stores its
+#    rows into the cache at ``where`` (store side): the rows never exist as a tensor of their own.
+x = relax.Var("x", relax.TensorType((B, 1, 16), "float32"))
+wk = relax.Var("wk", relax.TensorType((16, H * D), "float32"))
+cos = relax.Var("cos", relax.TensorType((B, 1, 1, D), "float32"))
+bb = relax.BlockBuilder()
+with bb.function("main", [cache, x, wk, cos, where]):
+    with bb.dataflow():
+        k = bb.emit(R.permute_dims(bb.emit(R.reshape(bb.emit(R.matmul(x, wk)), (B, 1, H, D))), [0, 2, 1, 3]))
+        out = bb.emit_output(R.scatter_nd(cache, where, bb.emit(R.multiply(k, cos)), reduction="update"))
+    bb.emit_func_output(out)
+proj = bb.get()
+with target:
+    lowered = vtc_pipeline(target, inplace=["cache"])(proj)
+kernels = sorted(gv.name_hint for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+print("kernels:", kernels)  # the matmul, and the scaling writing into the cache ("..._into_...")
+assert any("_into_" in k for k in kernels) and len(kernels) == 2
+x_np, wk_np, cos_np = (rng.standard_normal([int(d) for d in v.ty.shape]).astype("float32") for v in (x, wk, cos))
+cache_tvm = tvm.runtime.tensor(cache_np)
+ex = tvm.compile(proj, target=target, relax_pipeline=vtc_pipeline(target, inplace=["cache"]))
+relax.VirtualMachine(ex, tvm.cpu())["main"](cache_tvm, *map(tvm.runtime.tensor, (x_np, wk_np, cos_np, where_np)))
+expected = cache_np.copy()
+expected[:, :, pos] = (x_np @ wk_np).reshape(B, H, D) * cos_np[:, 0]
+np.testing.assert_allclose(cache_tvm.numpy(), expected, rtol=1e-5, atol=1e-5)
 print("concat producers and the in-place KV cache agree with stock TVM / numpy")
