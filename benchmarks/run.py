@@ -264,7 +264,7 @@ def run_case(wl, batch, args, target, dev, torch):
         row["tune_s"] = round(time.time() - t0, 2)
 
     exes, fused = {}, {}
-    vtc_options = getattr(args, "vtc_options", None) or {}
+    vtc_options = {"memory_guard": True, **(getattr(args, "vtc_options", None) or {})}  # as vtc_pipeline
     for variant in ("stock", "vtc"):
         t0 = time.time()
         stats = {}

@@ -665,7 +665,7 @@ def split_pipeline(target, variant: str = "stock"):
     backend = _backend(target)
     legal = fusion_passes(target, stores=True) if variant == "vtc" else list(backend.legalize_passes(target))
     cut = next((i for i, p in enumerate(legal) if "ApplyDefaultSchedule" in p.info.name), len(legal))
-    front = ([VirtualTensorize(target=target)] if variant == "vtc" else []) + list(
+    front = ([VirtualTensorize(target=target, memory_guard=True)] if variant == "vtc" else []) + list(
         backend.library_dispatch_passes(target)) + legal[:cut]
     rest = legal[cut:] + list(backend.dataflow_lower_passes(target)) + list(backend.finalize_passes(target))
     return front, rest

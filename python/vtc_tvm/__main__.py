@@ -174,7 +174,8 @@ def compile_cmd(args) -> int:
     except InputError as e:
         raise _Fail(str(e)) from None
     decisions: list = []
-    vtc = _stage("VirtualTensorize", VirtualTensorize(args.strategy, report=decisions, target=target), mod)
+    vtc_pass = VirtualTensorize(args.strategy, report=decisions, target=target, memory_guard=True)
+    vtc = _stage("VirtualTensorize", vtc_pass, mod)
 
     def build(m):
         return tvm.compile(m, target=target, relax_pipeline=relax.get_default_pipeline(target))

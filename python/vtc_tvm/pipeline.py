@@ -44,7 +44,7 @@ def vtc_pipeline(target=None, stores: bool = True, schedule_copies: bool = True,
     on GPU targets, vectorised copy kernels: :mod:`vtc_tvm.copy_schedule`).
 
     ``options`` go to :func:`vtc_tvm.VirtualTensorize` (``strategy``, ``ops``, ``report``,
-    ``profile``, ...).
+    ``profile``, ...); ``memory_guard`` is on unless given (never plan more memory than stock).
     Without a target the stock target-independent build pipeline follows (no fusion, as TVM's
     own ``"default"``), and there is no store side.
     """
@@ -55,6 +55,7 @@ def vtc_pipeline(target=None, stores: bool = True, schedule_copies: bool = True,
             [VirtualTensorize(**options), relax.pipeline.default_build_pipeline()], name="vtc_pipeline")
     target = tvm.target.Target(target)
     options.setdefault("target", target)
+    options.setdefault("memory_guard", True)
     return _in_target(target, [VirtualTensorize(**options)] + backend_passes(
         target, stores, options.get("report"), schedule_copies), "vtc_pipeline")
 

@@ -14,6 +14,7 @@ compile it unchanged.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Callable, Dict, List, Optional, Sequence, Union
 
@@ -41,10 +42,13 @@ _OWN_COPY_OPS = {"relax.nn.pixel_shuffle"}
 
 @mutator
 class _VirtualTensorizer(PyExprMutator):
-    def __init__(self, mod, strategy, ops, report, target, inplace=(), physical=frozenset(), profiler=None):
+    def __init__(self, mod, strategy, ops, report, target, inplace=(), physical=frozenset(), profiler=None,
+                 refused=frozenset()):
         super().__init__(mod)
         self.mod, self.strategy, self.ops, self.report, self.target = mod, strategy, ops, report, target
         self.profiler = profiler
+        self.refused = refused  # (virtual tensor, consumer var) edges the memory guard turned down
+        self.taken = []  # the edges taken, in program order
         self.inplace = set(inplace)
         # Movement results that stay materialised anyway (found by an earlier round): reading
         # them is cheaper than reading through them, which would keep their sources alive.
@@ -265,6 +269,8 @@ class _VirtualTensorizer(PyExprMutator):
                 new_args.append(arg)
                 continue
             decision = self.strategy(vt.mapping, self._contiguity_of(vt), pattern)
+            if decision.take and (arg, var) in self.refused:
+                decision = type(decision)(False, "memory guard: with this edge vtc plans more memory than stock")
             if decision.take:
                 try:
                     forms = rewritten_forms(func, len(new_args), vt.mapping, arg.name, self.target)
@@ -281,6 +287,7 @@ class _VirtualTensorizer(PyExprMutator):
                     decision = type(decision)(False, str(err))
             self._log(arg, name, decision.take, decision.reason)
             if decision.take:
+                self.taken.append((arg, var))
                 new_args.extend(vt.sources)
                 changed = True
             else:
@@ -357,6 +364,78 @@ def _bound_vars(mod) -> set:
     return found
 
 
+def _rounds(mod, choose, allowed, target, inplace, profiler, refused=frozenset()):
+    """VirtualTensorize to a fixed point: ``(module, last round's decisions, earlier rounds'
+    decisions, edges taken)``."""
+    physical, earlier = frozenset(), []
+    split_of = _only_split_readers(mod)
+    for _ in range(_MAX_ROUNDS):
+        decisions = []
+        mutator = _VirtualTensorizer(mod, choose, allowed, decisions, target, inplace, physical, profiler, refused)
+        out = relax.transform.DeadCodeElimination()(mutator.transform())
+        # Movement results still bound are materialised: next round, read them directly.
+        # One that only a split reads stays virtual and the split's parts are materialised
+        # instead: one multi-output copy, as in stock, with part-sized buffers (ShuffleNet).
+        stayed = {split_of.get(v, v) for v in _bound_vars(out) & mutator.movement_vars}
+        if stayed <= physical:
+            break
+        physical = physical | stayed
+        earlier += decisions
+    return out, decisions, earlier, mutator.taken
+
+
+GUARD_TRIALS = 24  # at most this many re-runs of the pass (each costs a lowering of the module)
+
+
+def _guard_memory(mod, out, taken, rounds, target):
+    """If ``out`` plans more intermediate memory than ``mod`` does under stock's fusion (the
+    greedy planner packs differently when kernels change, see README), refuse taken edges in
+    program order: each alone first, then cumulatively. Returns the first result that plans no
+    more than stock, ``mod`` itself if none does within :data:`GUARD_TRIALS`, or None if ``out``
+    is fine or sizes are symbolic."""
+    from .report import kernel_census
+
+    def planned(m, stores):
+        try:
+            got = kernel_census(m, target, stores=stores)["planned_bytes"]
+        except Exception as err:  # noqa: BLE001 - e.g. no "main": the guard does not apply
+            logger.info("memory guard: cannot plan memory (%s)", err)
+            return None
+        return got if isinstance(got, (int, float)) else None
+
+    if target is None:
+        raise ValueError("VirtualTensorize(memory_guard=True) needs a target")
+    limit, now = planned(mod, False), planned(out, True)
+    if limit is None or now is None or now <= limit:
+        return None
+    tries = [frozenset([e]) for e in taken] + [frozenset(taken[:k]) for k in range(2, len(taken) + 1)]
+    for refused in tries[:GUARD_TRIALS]:
+        cand, decisions, earlier, _ = rounds(refused=refused)
+        got = planned(cand, True)
+        if got is not None and got <= limit:
+            logger.info("memory guard: %d edge(s) refused, planned memory back to stock's", len(refused))
+            return cand, decisions, earlier
+    reason = f"memory guard: no refusal within {GUARD_TRIALS} trials plans <= stock; module left as it was"
+    logger.info(reason)
+    return mod, [{"tensor": a.name_hint, "consumer": v.name_hint, "virtual": False, "reason": reason}
+                 for a, v in taken], []
+
+
+def _only_split_readers(mod) -> dict:
+    """{var: the split var} for variables whose only use is one ``relax.split``."""
+    found = {}
+    for _, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        counts = _use_counts(func)
+        relax.analysis.post_order_visit(func, lambda e: found.update(
+            {b.value.args[0]: b.var for block in e.blocks for b in block.bindings
+             if isinstance(b.value, relax.Call) and isinstance(b.value.op, Op) and b.value.op.name == "relax.split"
+             and isinstance(b.value.args[0], relax.Var) and counts.get(b.value.args[0]) == 1})
+            if isinstance(e, relax.SeqExpr) else None)
+    return found
+
+
 def _use_counts(func) -> dict:
     counts = {}
 
@@ -384,6 +463,7 @@ def VirtualTensorize(
     target: Optional[Union[str, dict, tvm.target.Target]] = None,
     inplace: Sequence[str] = (),
     profile: Union[bool, "EdgeProfiler"] = False,
+    memory_guard: bool = False,
 ) -> tvm.transform.Pass:
     """Eliminate data-movement ops by making their outputs virtual tensors.
 
@@ -410,6 +490,11 @@ def VirtualTensorize(
         Time every edge the strategy accepts on the target's device (copy + consumer against
         the rewritten consumer, see :mod:`vtc_tvm.profile`) and take it only if it is not
         slower. Needs the device; costs a kernel build per distinct edge.
+    memory_guard : bool
+        Never plan more intermediate memory than stock TVM (``relax.analysis`` memory planning
+        after the target's fusion, for ``main``): where the rewritten module would, accepted
+        edges are refused one at a time (then cumulatively) until it does not, or the module is
+        left as it was. Costs a lowering per trial (at most :data:`GUARD_TRIALS`); needs a target.
     """
     from .profile import EdgeProfiler
 
@@ -427,17 +512,10 @@ def VirtualTensorize(
             if tgt is None:
                 raise ValueError("VirtualTensorize(profile=True) needs a target")
             profiler = EdgeProfiler(tgt)
-        physical, earlier = frozenset(), []
-        for _ in range(_MAX_ROUNDS):
-            decisions = []
-            mutator = _VirtualTensorizer(mod, choose, allowed, decisions, tgt, inplace, physical, profiler)
-            out = relax.transform.DeadCodeElimination()(mutator.transform())
-            # Movement results still bound are materialised: next round, read them directly.
-            stayed = _bound_vars(out) & mutator.movement_vars
-            if stayed <= physical:
-                break
-            physical = physical | stayed
-            earlier += decisions
+        rounds = functools.partial(_rounds, mod, choose, allowed, tgt, inplace, profiler)
+        out, decisions, earlier, taken = rounds()
+        if memory_guard:
+            out, decisions, earlier = _guard_memory(mod, out, taken, rounds, tgt) or (out, decisions, earlier)
         if report is not None:
             # The decisions that made a tensor physical were taken in earlier rounds.
             decided = {(d["tensor"], d["consumer"]) for d in decisions}
