@@ -200,3 +200,20 @@ def test_memory_guard_leaves_the_module_when_nothing_helps(monkeypatch):
         real(m, t, stores), planned_bytes=real(m, t, stores)["planned_bytes"] + (1 if stores else 0)))
     out = VirtualTensorize(target=LLVM, memory_guard=True)(mod)
     assert tvm_ffi.structural_equal(out, mod)
+
+
+def test_indexed_copy_recognises_updates_only():
+    from vtc_tvm.mapping import Mapping
+    from vtc_tvm.rewrite import offset_index, redirect_output
+    from vtc_tvm.stores import indexed_copy
+
+    copy = Mapping.identity([5], "float32").to_prim_func("copy")
+    into = redirect_output(copy, [9], offset_index([4]), "dest")  # dest[v + 4] = src[v]
+    store_index, index_params = indexed_copy(into)
+    v = tvm.tirx.Var("v", "int64")
+    assert tvm.sym.Analyzer().can_prove_equal(store_index([v])[0], v + 4) and not index_params
+
+    sch = tvm.s_tir.Schedule(into)
+    (loop,) = sch.get_loops(sch.get_sblock("copy"))
+    sch.split(loop, [None, 2])  # 5 = 3 x 2 with a T.where: not the whole source any more
+    assert indexed_copy(sch.mod["main"]) is None

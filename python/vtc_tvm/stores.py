@@ -81,7 +81,8 @@ def indexed_copy(func: tirx.PrimFunc):
             and all(i.same_as(iv.var) or (_is_zero(i) and _is_one(iv.dom.extent))
                     for i, iv in zip(value.indices, block.iter_vars))):
         return None
-    if block.alloc_buffers or (block.init is not None) or _reads_other_than(store.indices, params[1:-1]):
+    if block.alloc_buffers or (block.init is not None) or _reads_other_than(store.indices, params[1:-1]) \
+            or not _unpredicated(func):
         return None
 
     def store_index(idx):
@@ -96,6 +97,13 @@ def _uses(func) -> Counter:
     for p in func.params:
         uses[p] += 1  # parameters are never rewritten
     return uses
+
+
+def _unpredicated(func) -> bool:
+    """Whether every block of ``func`` runs over its whole domain (no ``T.where``)."""
+    realizes = []
+    tvm_ffi.structural_walk(func.body, (tvm.s_tir.SBlockRealize, realizes.append))
+    return all(isinstance(r.predicate, tirx.IntImm) and int(r.predicate.value) == 1 for r in realizes)
 
 
 def _is_zero(e):
