@@ -99,6 +99,18 @@ def _uses(func) -> Counter:
     return uses
 
 
+def _stores_its_output(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` writes its output (last parameter) in blocks, through buffer stores that
+    can be redirected: not through a packed or extern call that gets the raw pointer (TVM's CPU
+    sort writes ``out.data`` from C++)."""
+    out = func.params[-1]
+    opaque = []
+    tvm_ffi.structural_walk(func.body, (tvm.ir.Call, lambda c: opaque.append(c) if isinstance(c.op, Op) and any(
+        k in c.op.name for k in ("packed", "extern", "stack_make_array")) else None))
+    writes = any(r.source.same_as(out) for b in _non_root_blocks(func) for r in b.writes)
+    return writes and not opaque
+
+
 def _unpredicated(func) -> bool:
     """Whether every block of ``func`` runs over its whole domain (no ``T.where``)."""
     realizes = []
@@ -192,7 +204,9 @@ class _StoreRewriter(PyExprMutator):
 
     def _producer(self, value):
         kernel = call_tir_kernel(self.mod, value)
-        return kernel[1] if kernel is not None and isinstance(value.ty, relax.TensorType) else None
+        if kernel is None or not isinstance(value.ty, relax.TensorType) or not _stores_its_output(kernel[1]):
+            return None
+        return kernel[1]
 
     # -- rewrite -------------------------------------------------------------------------------
     def visit_var_binding_(self, binding):
