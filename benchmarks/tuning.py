@@ -72,6 +72,7 @@ class TuneSettings:
     deadline: float | None = None  # time.time() after which no new task is tuned
     seed: int = 0
     dlight_baseline: bool = True  # also measure DLight's schedule of each tuned task: the best record wins
+    index_inputs_in_bounds: bool = True  # the runner zero-fills integer inputs, so gathers can be tuned
 
     def strategy(self, max_fail_count: int = 5, min_population: int = 0):
         """``max_fail_count``: sampling rounds without enough valid candidates before giving up
@@ -223,8 +224,38 @@ def local_runner(settings: TuneSettings):
     if key not in _CACHE:
         cfg = ms.runner.EvaluatorConfig(number=settings.number, repeat=settings.repeat, min_repeat_ms=0,
                                         enable_cpu_cache_flush=False)
-        _CACHE[key] = ms.runner.LocalRunner(timeout_sec=settings.runner_timeout, evaluator_config=cfg)
+        import sys
+
+        import cloudpickle
+
+        # The runner's worker process may not import ``benchmarks``: ship alloc_in_bounds by value.
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+        _CACHE[key] = ms.runner.LocalRunner(timeout_sec=settings.runner_timeout, evaluator_config=cfg,
+                                            f_alloc_argument=alloc_in_bounds)
     return _CACHE[key]
+
+
+def alloc_in_bounds(device, args_info, alloc_repeat):
+    """The runner's arguments: random floats as MetaSchedule fills them, integers all zero.
+
+    MetaSchedule fills every input at random, so a kernel that loads through a loaded index
+    (gather/take) would read out of bounds, and an illegal address poisons the runner's CUDA
+    context for every later candidate. Index 0 is valid for any gather, so such kernels can be
+    tuned too (their timing then reads one row over and over: cache-friendly, a lower bound).
+    """
+    import numpy as np
+    from tvm.s_tir.meta_schedule.runner.utils import alloc_argument_common
+    from tvm.s_tir.meta_schedule.utils import get_global_func_with_default_on_worker
+
+    random_fill = get_global_func_with_default_on_worker("tvm.contrib.random.random_fill_for_measure", None)
+
+    def fill(tensor):
+        if "int" in str(tensor.dtype):
+            tensor.copyfrom(np.zeros(tensor.shape, str(tensor.dtype)))
+        else:
+            random_fill(tensor)
+
+    return alloc_argument_common(fill, device, args_info, alloc_repeat)
 
 
 def fake_runner(seed: int = 0):
@@ -424,9 +455,8 @@ ANCHOR_WORDS = ("matmul", "conv", "dense", "bmm")
 
 
 def indirect(mod: tvm.IRModule) -> bool:
-    """Whether a kernel loads through a loaded index (gather/take). MetaSchedule's runner fills
-    every input at random, so such a kernel would read out of bounds (and an illegal address
-    poisons the runner's CUDA context for every later candidate): it is left to DLight."""
+    """Whether a kernel loads through a loaded index (gather/take): tuned only with a runner
+    that fills integers in bounds (:func:`alloc_in_bounds`, the default)."""
     import tvm_ffi
     from tvm.ir import TensorLoad
 
@@ -443,7 +473,7 @@ def indirect(mod: tvm.IRModule) -> bool:
 
 
 def _selected(task, settings) -> bool:
-    if indirect(task.dispatched[0]):
+    if not settings.index_inputs_in_bounds and indirect(task.dispatched[0]):
         return False
     if settings.tasks == "all":
         return True

@@ -291,3 +291,31 @@ def test_tuning_database_files(tmp_path):
     assert len(db3) == 2 and db3.query_tuning_record(mods[1], target, "main") is not None
     assert len(tuning.open_database(str(second))) == 2  # merged once, not again
     assert len(tuning.open_database(str(first))) == 3  # the folder that wrote them merges nothing
+
+
+def test_gather_kernels_are_tuned_with_indices_in_bounds(tmp_path, monkeypatch):
+    """A kernel that loads through a loaded index is tuned by the real LocalRunner: integer inputs
+    are zero-filled (random ones would read out of bounds). Its worker process cannot import
+    ``benchmarks``, so the allocator travels by value."""
+    from tvm import relax
+    from tvm.relax import op as R
+
+    from benchmarks import tuning
+
+    x = relax.Var("x", relax.TensorType((512, 64), "float32"))
+    ids = relax.Var("ids", relax.TensorType((16,), "int64"))
+    w = relax.Var("w", relax.TensorType((64, 64), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, ids, w]):
+        with bb.dataflow():
+            out = bb.emit_output(R.matmul(bb.emit(R.take(x, ids, axis=0)), w))
+        bb.emit_func_output(out)
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    fused = tuning.fuse(bb.get(), target, "vtc")
+    (kernel,) = [f for _, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert tuning.indirect(tvm.IRModule({"main": kernel}))
+    monkeypatch.chdir(tmp_path)
+    stats = {}
+    settings = tuning.TuneSettings(trials=2, population=16, init_min_unmeasured=8, tasks="all", builder_workers=1)
+    tuning.tune([fused], target, str(tmp_path / "db"), settings, stats=stats)
+    assert stats["tuned"] == 1 and stats["failed"] == 0, stats
