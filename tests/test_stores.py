@@ -217,3 +217,15 @@ def test_indexed_copy_recognises_updates_only():
     (loop,) = sch.get_loops(sch.get_sblock("copy"))
     sch.split(loop, [None, 2])  # 5 = 3 x 2 with a T.where: not the whole source any more
     assert indexed_copy(sch.mod["main"]) is None
+
+
+def test_a_slice_is_not_a_destination():
+    # A slice reads its source at v + offset like a concat input, but the source is larger than
+    # the output: redirected there, the producer would write out of bounds (a heap corruption the
+    # fuzzer found once it compiled with the store side).
+    def body(bb, x):
+        return R.strided_slice(bb.emit(R.nn.softmax(x, axis=1)), axes=[0], begin=[2], end=[5])
+
+    mod = _module([(8, 4)], body)
+    assert not _store_decisions(mod)
+    _compare(mod)

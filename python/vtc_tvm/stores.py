@@ -46,7 +46,10 @@ CALL_TIR_INPLACE = Op.get("relax.call_tir_inplace")
 
 def concat_offsets(mapping: Mapping) -> Optional[list]:
     """Per source, the constant offset of its slice in the output, if ``mapping`` is a concat
-    (every piece reads one distinct source at ``v - offset``); else None."""
+    (every piece reads one distinct source at ``v - offset``, and each source lies wholly inside
+    the output: its producer writes all of it there); else None. A slice reads ``v + offset``
+    too, but its source is larger than its output: redirected, its producer would write out of
+    bounds."""
     if len(mapping.pieces) != len(mapping.sources):
         return None
     ana = mapping.analyzer()
@@ -58,6 +61,10 @@ def concat_offsets(mapping: Mapping) -> Optional[list]:
         if not all(isinstance(s, tirx.IntImm) for s in shift):
             return None
         offsets[p.source] = [int(s.value) for s in shift]
+        extents = mapping.source_shape(p.source)
+        if not all(isinstance(n, int) and isinstance(d, int) and 0 <= o and o + n <= d
+                   for o, n, d in zip(offsets[p.source], extents, mapping.shape)):
+            return None
     return offsets
 
 
