@@ -10,7 +10,6 @@ normalisation then splits block axes that the mapping divides by a constant (GQA
 from __future__ import annotations
 
 import math
-
 from typing import Optional
 
 import tvm
@@ -20,7 +19,7 @@ from tvm.ir import TensorLoad
 from tvm.s_tir import SBlock
 from tvm.s_tir.analysis import get_sblock_read_write_region, verify_well_formed
 
-from .analysis import INJECTIVE, OPAQUE, op_pattern
+from .analysis import INJECTIVE, OPAQUE, _non_root_blocks, op_pattern
 from .mapping import Mapping, _substitute, lowering_safe, new_buffer
 
 MAPPING_ATTR = "vtc.virtual_inputs"
@@ -95,9 +94,9 @@ def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name
 def rewritten_forms(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name: str, target=None):
     """The rewrites of ``func`` reading parameter ``param_index`` through ``mapping`` that are
     worth comparing, simplest first (ties keep the earlier): the mapping inlined into the loads;
-    with reduction axes split where the mapping divides them (GQA; on GPU targets only this
-    form); on GPU targets, for piecewise and indirect mappings, inlined into a read stage
-    (:func:`stage_input`)."""
+    with reduction axes split where the mapping divides them (GQA; on GPU targets this form
+    first, and both kept out of FuseOps); on GPU targets, for piecewise and indirect mappings,
+    inlined into a read stage (:func:`stage_input`)."""
     gpu = target is not None and "gpu" in target.keys
     plain, split = (inline_mapping(func, param_index, mapping, name=name, normalize=normalize)[0]
                     for normalize in (False, True))
@@ -111,12 +110,12 @@ def rewritten_forms(func: tirx.PrimFunc, param_index: int, mapping: Mapping, nam
         # Split axes are only needed by DLight; a GEMM in split form is kept out of FuseOps
         # (opaque): with an elementwise epilogue fused in, DLight's Matmul rule writes the padded
         # rows of one head group over the next group's outputs (a race: wrong, run-to-run
-        # different attention scores on the H200). A plain floordiv read under DLight's
-        # GEMV/Reduction rules was wrong the same way, so on GPUs only the split form is offered.
+        # different attention scores on the H200), and so did a plain floordiv read under its
+        # GEMV/Reduction rules with that epilogue. On GPUs the plain form is offered too, opaque
+        # as well, for the Reduction rule, which sums a long GQA reduction in a tree (see
+        # SERIAL_HALF_TERMS; bit-identical from run to run on the H200).
         split = split.with_attr("op_pattern", OPAQUE)
-        # On GPUs both forms are opaque (the race needed a fused epilogue); the plain one, for
-        # DLight's Reduction rule, which sums a long GQA reduction in a tree (see SERIAL_HALF_TERMS).
-        forms = [split, forms[0].with_attr("op_pattern", OPAQUE)] if gpu else forms + [split]
+        forms = [split, plain.with_attr("op_pattern", OPAQUE)] if gpu else forms + [split]
     if gpu and (mapping.is_piecewise or mapping.is_indirect):
         try:
             staged = stage_input(func, param_index)
@@ -137,8 +136,7 @@ def stage_input(func: tirx.PrimFunc, param_index: int) -> tirx.PrimFunc:
     A concat or gather read inlined into the GEMM itself drops it to the Fallback rule.
     """
     param = func.params[param_index]
-    readers = [b for b in _blocks_of(func.body) if b.name_hint != "root"
-               and any(r.source.same_as(param) for r in b.reads)]
+    readers = [b for b in _non_root_blocks(func) if any(r.source.same_as(param) for r in b.reads)]
     if len(readers) != 1 or all(iv.iter_type == 0 for iv in readers[0].iter_vars):
         raise NotRewritable(f"parameter {param.name} is not read by exactly one reduction")
     block = readers[0]
@@ -327,9 +325,8 @@ def _serial_half_terms(func: tirx.PrimFunc, rule: int, sch) -> int:
             or any(inst.kind.name == "Tensorize" for inst in sch.trace.insts):
         return 0
     terms = 0
-    for block in _blocks_of(func.body):
-        if block.name_hint != "root" and block.writes and str(block.writes[0].source.dtype) in (
-                "float16", "bfloat16"):
+    for block in _non_root_blocks(func):
+        if block.writes and str(block.writes[0].source.dtype) in ("float16", "bfloat16"):
             reduction = [iv.dom.extent for iv in block.iter_vars if iv.iter_type == 2]
             if reduction and all(isinstance(e, tirx.IntImm) for e in reduction):
                 terms = max(terms, math.prod(int(e) for e in reduction))

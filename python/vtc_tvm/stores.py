@@ -122,7 +122,7 @@ def _unpredicated(func) -> bool:
     """Whether every block of ``func`` runs over its whole domain (no ``T.where``)."""
     realizes = []
     tvm_ffi.structural_walk(func.body, (tvm.s_tir.SBlockRealize, realizes.append))
-    return all(isinstance(r.predicate, tirx.IntImm) and int(r.predicate.value) == 1 for r in realizes)
+    return all(_is_one(r.predicate) for r in realizes)
 
 
 def _is_zero(e):
@@ -152,18 +152,18 @@ class _StoreRewriter(PyExprMutator):
     def transform(self):
         for gv, func in self.mod.functions_items():
             if isinstance(func, relax.Function) and not (func.attrs and func.attrs.get("Primitive")):
-                self.plan = self._plan(func)
+                uses = _uses(func)
+                self.plan = self._plan(func, uses)
                 self.current, self.redirected = {}, set()
-                self.updates, self.pending = self._plan_updates(func), {}
+                self.updates, self.pending = self._plan_updates(func, uses), {}
                 if self.plan or self.updates:
                     self.builder_.update_func(gv, self.visit_expr(func))
         return self.builder_.get()
 
     # -- pattern -------------------------------------------------------------------------------
-    def _plan(self, func):
+    def _plan(self, func, uses):
         """{concat var: (its inputs, their offsets, {input produced by a kernel of ours and read
         only by this concat: its offsets})}."""
-        uses = _uses(func)
         bound, plan = {}, {}
         for block in func.body.blocks:
             if not isinstance(block, relax.DataflowBlock):
@@ -183,10 +183,9 @@ class _StoreRewriter(PyExprMutator):
                     plan[b.var] = (srcs, offsets, producers)
         return plan
 
-    def _plan_updates(self, func):
+    def _plan_updates(self, func, uses):
         """{rows var: (the update's var, its call, store index, index params)} for in-place
         updates whose rows come from a kernel of ours and are read nowhere else."""
-        uses = _uses(func)
         bound, plan = {}, {}
         for block in func.body.blocks:
             for b in block.bindings:
