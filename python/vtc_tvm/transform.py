@@ -324,11 +324,23 @@ def _hoist(func: relax.Function, rewritten) -> relax.Function:
             at = len(order)
             if b.var in rewritten:
                 reads = set(relax.analysis.free_vars(b.value))
-                at = max((i + 1 for i, o in enumerate(order) if o.var in reads), default=0)
+                # Symbolic dims its shapes use must be defined first (by a match_cast above it,
+                # e.g. the shape of an ONNX Expand read from a runtime tensor).
+                symbols = set(relax.analysis.free_symbolic_vars(b.value)) | set(
+                    relax.analysis.tir_vars_in_type(b.var.ty))
+                at = max((i + 1 for i, o in enumerate(order)
+                          if o.var in reads or symbols & _defined_symbols(o)), default=0)
             order.insert(at, b)
         blocks.append(relax.DataflowBlock(order))
     return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
                           func.attrs)
+
+
+def _defined_symbols(binding) -> set:
+    """Symbolic variables a binding defines: those its ``match_cast`` pattern may bind."""
+    if not isinstance(binding, relax.MatchCast):
+        return set()
+    return set(relax.analysis.definable_tir_vars_in_type(binding.ty))
 
 
 def _check_symbols(vt: VirtualTensor):
@@ -417,7 +429,7 @@ def _guard_memory(mod, out, taken, rounds, target):
             return cand, decisions, earlier
     reason = f"memory guard: no refusal within {GUARD_TRIALS} trials plans <= stock; module left as it was"
     logger.info(reason)
-    return mod, [{"tensor": a.name_hint, "consumer": v.name_hint, "virtual": False, "reason": reason}
+    return mod, [{"tensor": a.name, "consumer": v.name, "virtual": False, "reason": reason}
                  for a, v in taken], []
 
 
