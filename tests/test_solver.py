@@ -297,6 +297,25 @@ def test_method_and_component_reports():
     assert auto.gain <= exact.gain
 
 
+def test_forced_exact_past_its_work_cap_falls_back_and_says_so():
+    # 40 edges into 5 nodes, dense negative interactions: the bound is weak, the search is cut.
+    rng = random.Random(1)
+    n = 40
+    problem = Problem(
+        num_nodes=200,
+        edges=[(i, 100 + i % 5) for i in range(n)],
+        gain=[rng.uniform(0.5, 1.5) for _ in range(n)],
+        kernels=[-1] * n,
+        memory=[rng.randint(-50, 10) for _ in range(n)],
+        interactions=[(a, b, -rng.uniform(0, 1.5)) for a in range(n) for b in range(a + 1, n) if rng.random() < 0.2],
+        memory_budget=None,
+    )
+    forced = solve(problem, method="exact")
+    check_solution(problem, forced)
+    assert forced.components == (("greedy", n),) and not forced.exact
+    assert forced.gain >= solve(problem, method="greedy").gain - 1e-9
+
+
 def test_empty_problem_and_no_positive_edge():
     assert solve(Problem(0, [], [], [], [])) == solver.Solution((), 0.0, 0, 0, True, ())
     sol = solve(Problem(2, [(0, 1)], [-1.0], [-1], [-1]))
