@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -15,8 +16,10 @@ namespace vtc_tvm {
 namespace solver {
 namespace {
 
-// Memory (bytes) and kernel changes beyond this could overflow int64 sums; real plans are far below.
-constexpr int64_t kMaxMagnitude = int64_t{1} << 48;
+// Bounds that keep every int64 sum of memory (bytes) or kernel changes exact: at most 2^22 edges
+// of magnitude at most 2^40 (1 TiB) sum to at most 2^62. Real plans are far below both.
+constexpr int64_t kMaxMagnitude = int64_t{1} << 40;
+constexpr size_t kMaxEdges = size_t{1} << 22;
 
 template <typename... Parts>
 [[noreturn]] void Fail(const Parts&... parts) {
@@ -32,7 +35,7 @@ int CheckEdge(int64_t e, int64_t num_edges, const char* where) {
 
 void CheckMagnitude(int64_t value, const char* what, size_t i) {
   if (value > kMaxMagnitude || value < -kMaxMagnitude) {
-    Fail(what, "[", i, "] = ", value, " exceeds +-2^48");
+    Fail(what, "[", i, "] = ", value, " exceeds +-2^40");
   }
 }
 
@@ -48,7 +51,7 @@ Problem::Problem(const RawProblem& raw) {
   if (raw.gain.size() != n) Fail("gain has ", raw.gain.size(), " entries for ", n, " edges");
   if (raw.kernels.size() != n) Fail("kernels has ", raw.kernels.size(), " entries for ", n, " edges");
   if (raw.memory.size() != n) Fail("memory has ", raw.memory.size(), " entries for ", n, " edges");
-  if (n > static_cast<size_t>(std::numeric_limits<int>::max())) Fail("too many edges: ", n);
+  if (n > kMaxEdges) Fail("too many edges: ", n, " > 2^22");
   const int64_t num_edges_64 = static_cast<int64_t>(n);
 
   out_edges.assign(num_nodes, {});
@@ -163,11 +166,10 @@ bool IsFeasible(const Problem& problem, const std::vector<int64_t>& chosen) {
     if (state.WouldCloseCycle(e)) return false;
     state.Add(e);
   }
-  if (state.unmet_requires() > 0) return false;
+  if (!state.Feasible(Limits())) return false;  // rules 1 and 2 (no limits)
   // Rules 4 and 5 on exact totals, so that solve() and is_feasible() agree on rounding.
   PlanTotals totals = Evaluate(problem, ids);
   Limits limits = Limits::Of(problem);
-  if (!state.Feasible(Limits())) return false;  // conflicts
   return totals.memory <= limits.memory_cap && totals.kernels <= limits.kernel_cap &&
          totals.gain >= limits.gain_floor;
 }

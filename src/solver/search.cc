@@ -15,8 +15,9 @@ namespace {
 // A node with more candidate out-edges tries only its best kMaxEnumerated ones (2^8 subsets).
 constexpr size_t kMaxEnumerated = 8;
 
-Delta DeltaBetween(const PlanState& before_after_state, int64_t memory_before, double gain_before) {
-  return Delta{before_after_state.memory() - memory_before, before_after_state.gain() - gain_before};
+/*! \brief The change of \p state's totals since they were (memory_before, gain_before). */
+Delta DeltaBetween(const PlanState& state, int64_t memory_before, double gain_before) {
+  return Delta{state.memory() - memory_before, state.gain() - gain_before};
 }
 
 /*! \brief Edges of a subset as a mask over all edges. */
