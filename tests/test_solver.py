@@ -259,6 +259,21 @@ def test_scatternd_into_kv_cache_has_several_valid_plans():
     assert key_equal(objective_key(by_memory, memory_plan.chosen), brute_force(by_memory))
 
 
+@pytest.mark.parametrize("method", ["greedy", "exact"])
+def test_greedy_fixed_point_chains_cycles_and_interactions(method):
+    # 0 -> 1 pays only once 1 stays physical: 1 -> 2 loses, so 1 is anchored by the fixed point.
+    chain = Problem(3, [(0, 1), (1, 2)], [2.0, -1.0], [-1, -1], [-1, -1])
+    assert solve(chain, method=method).chosen == (0,)
+    # A 2-cycle has no anchor: the lowest open node stays physical, the other points at it.
+    cycle = Problem(2, [(0, 1), (1, 0)], [1.0, 2.0], [-1, -1], [-1, -1])
+    assert solve(cycle, method=method).chosen == (1,)
+    assert not is_feasible(cycle, [0, 1])
+    # 0 -> 1 loses alone but gains once 1 -> 2 is chosen (re-evaluated when 1 is anchored).
+    interacting = Problem(3, [(0, 1), (1, 2)], [-0.5, 1.0], [-1, -1], [-1, -1], interactions=[(0, 1, 1.0)])
+    sol = solve(interacting, method=method)
+    assert sol.chosen == (0, 1) and math.isclose(sol.gain, 1.5)
+
+
 def test_budgets_coupling_components():
     """Two independent edges that each fit the memory budget but not together."""
     problem = Problem(
