@@ -22,6 +22,7 @@ PlanState::PlanState(const Problem& problem)
       chosen_(problem.num_edges(), 0),
       set_count_(problem.conflict_sets.size(), 0),
       chosen_out_(problem.num_nodes),
+      chosen_in_(problem.num_nodes, 0),
       visit_stamp_(problem.num_nodes, 0) {}
 
 double PlanState::Contribution(int e) const {
@@ -42,6 +43,7 @@ bool PlanState::Conflicts(int e) const {
 bool PlanState::WouldCloseCycle(int e) const {
   // Adding src -> dst closes a cycle iff src is reachable from dst along chosen edges.
   const int target = problem_.src[e];
+  if (chosen_in_[target] == 0) return false;  // nothing leads back to src
   ++stamp_;
   std::vector<int> stack = {problem_.dst[e]};
   visit_stamp_[problem_.dst[e]] = stamp_;
@@ -79,6 +81,7 @@ void PlanState::Add(int e) {
   }
   chosen_[e] = 1;
   chosen_out_[problem_.src[e]].push_back(e);
+  ++chosen_in_[problem_.dst[e]];
   ++size_;
 }
 
@@ -94,6 +97,7 @@ void PlanState::Remove(int e) {
   }
   auto& outs = chosen_out_[problem_.src[e]];
   outs.erase(std::find(outs.begin(), outs.end(), e));
+  --chosen_in_[problem_.dst[e]];
   --size_;
 }
 

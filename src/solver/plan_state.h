@@ -63,6 +63,7 @@ class PlanState {
   std::vector<char> chosen_;
   std::vector<int> set_count_;
   std::vector<std::vector<int>> chosen_out_;
+  std::vector<int> chosen_in_;  //!< per node: number of chosen edges into it
   mutable std::vector<int> visit_stamp_;
   mutable int stamp_ = 0;
   double gain_ = 0;

@@ -12,8 +12,9 @@ namespace vtc_tvm {
 namespace solver {
 namespace {
 
-// A node with more candidate out-edges tries only its best kMaxEnumerated ones (2^8 subsets).
-constexpr size_t kMaxEnumerated = 8;
+// A node with at most this many candidate out-edges tries all their subsets (15); with more, it
+// grows one set edge by edge (k^2 / 2 tries instead of 2^k).
+constexpr size_t kMaxEnumerated = 4;
 
 /*! \brief The change of \p state's totals since they were (memory_before, gain_before). */
 Delta DeltaBetween(const PlanState& state, int64_t memory_before, double gain_before) {
@@ -48,19 +49,19 @@ std::optional<std::vector<int>> RequiresClosure(const Problem& problem, const st
 }
 
 /*! \brief Add \p closure to \p state if every edge fits (no conflict, no cycle) and the result
- *  is feasible under \p limits; returns whether it did. On false the state is unchanged. */
-bool TryAdd(const std::vector<int>& closure, const Limits& limits, PlanState* state) {
+ *  is feasible under \p limits; returns whether it did. On false the state is unchanged and
+ *  \p over_limits (if given) is set when only the budgets or the gain floor stood in the way. */
+bool TryAdd(const std::vector<int>& closure, const Limits& limits, PlanState* state,
+            bool* over_limits = nullptr) {
   size_t added = 0;
-  bool ok = true;
   for (int e : closure) {
-    if (state->Conflicts(e) || state->WouldCloseCycle(e)) {
-      ok = false;
-      break;
-    }
+    if (state->Conflicts(e) || state->WouldCloseCycle(e)) break;
     state->Add(e);
     ++added;
   }
-  ok = ok && state->Feasible(limits);
+  // The closure holds everything its edges require, so with all of it added only limits fail.
+  bool ok = added == closure.size() && state->Feasible(limits);
+  if (!ok && added == closure.size() && over_limits) *over_limits = true;
   if (!ok) {
     for (size_t i = added; i-- > 0;) state->Remove(closure[i]);
   }
@@ -74,16 +75,62 @@ void RemoveAll(const std::vector<int>& edges, PlanState* state) {
 /*! \brief The move "add the closure of \p seeds": its delta if feasible (state unchanged). */
 std::optional<Delta> EvaluateAdd(const Problem& problem, const std::vector<int>& seeds,
                                  const std::vector<char>& in_subset, const Limits& limits,
-                                 PlanState* state, std::vector<int>* closure_out) {
+                                 PlanState* state, std::vector<int>* closure_out,
+                                 bool* over_limits = nullptr) {
   auto closure = RequiresClosure(problem, seeds, in_subset, *state);
   if (!closure || closure->empty()) return std::nullopt;
   const int64_t memory_before = state->memory();
   const double gain_before = state->gain();
-  if (!TryAdd(*closure, limits, state)) return std::nullopt;
+  if (!TryAdd(*closure, limits, state, over_limits)) return std::nullopt;
   Delta d = DeltaBetween(*state, memory_before, gain_before);
   RemoveAll(*closure, state);
   if (closure_out) *closure_out = std::move(*closure);
   return d;
+}
+
+/*! \brief The best improving set of \p candidates (with what they require) to add to
+ *  \p state: its delta and, in \p closure_out, its edges; nullopt if none improves.
+ *  \p over_limits is set when some set was refused by the limits alone. */
+std::optional<Delta> BestEdgeSet(const Problem& problem, const std::vector<int>& candidates,
+                                 const std::vector<char>& in_subset, const Limits& limits,
+                                 PlanState* state, std::vector<int>* closure_out, bool* over_limits) {
+  const ObjectiveOrder order(problem.objective);
+  std::optional<Delta> best;
+  auto consider = [&](const std::vector<int>& seeds) {
+    std::vector<int> closure;
+    auto d = EvaluateAdd(problem, seeds, in_subset, limits, state, &closure, over_limits);
+    if (d && order.Improves(*d) && (!best || order.Better(*d, *best))) {
+      best = d;
+      *closure_out = std::move(closure);
+      return true;
+    }
+    return false;
+  };
+  if (candidates.size() <= kMaxEnumerated) {
+    for (uint32_t mask = 1; mask < (1u << candidates.size()); ++mask) {
+      std::vector<int> seeds;
+      for (size_t i = 0; i < candidates.size(); ++i) {
+        if (mask & (1u << i)) seeds.push_back(candidates[i]);
+      }
+      consider(seeds);
+    }
+    return best;
+  }
+  // Grow the set by the candidate that improves it most, while one does.
+  std::vector<int> set;
+  std::vector<char> in_set(candidates.size(), 0);
+  while (true) {
+    int pick = -1;
+    for (size_t i = 0; i < candidates.size(); ++i) {
+      if (in_set[i]) continue;
+      std::vector<int> seeds = set;
+      seeds.push_back(candidates[i]);
+      if (consider(seeds)) pick = static_cast<int>(i);
+    }
+    if (pick < 0) return best;
+    in_set[pick] = 1;
+    set.push_back(candidates[pick]);
+  }
 }
 
 }  // namespace
@@ -96,15 +143,34 @@ bool ObjectiveOrder::Better(const Delta& a, const Delta& b) const {
 std::vector<int> Greedy(const Problem& problem, const std::vector<int>& edges, const Limits& limits) {
   const ObjectiveOrder order(problem.objective);
   const std::vector<char> in_subset = Mask(problem, edges);
-  std::vector<std::vector<int>> outs(problem.num_nodes);
-  std::vector<int> open_nodes;
-  for (int e : edges) outs[problem.src[e]].push_back(e);  // edges ascending: outs ascending
-  for (int e : edges) {
-    if (outs[problem.src[e]].front() == e) open_nodes.push_back(problem.src[e]);
+  std::vector<std::vector<int>> outs(problem.num_nodes), ins(problem.num_nodes);
+  for (int e : edges) {  // edges ascending: outs and ins ascending
+    outs[problem.src[e]].push_back(e);
+    ins[problem.dst[e]].push_back(e);
   }
-  std::sort(open_nodes.begin(), open_nodes.end());
+  std::vector<int> open_nodes;
+  for (int n = 0; n < problem.num_nodes; ++n) {
+    if (!outs[n].empty()) open_nodes.push_back(n);
+  }
   std::vector<char> anchored(problem.num_nodes, 1);
   for (int n : open_nodes) anchored[n] = 0;
+
+  // Each open node's best move, cached until something it depends on changes: its candidate
+  // edges (a destination anchored), their conflicts, interactions or requires (an edge added),
+  // or, for a node refused by the limits, totals that moved in its favour. A cached move that
+  // went stale otherwise (a cycle or a limit) fails when applied and is re-evaluated.
+  struct Move {
+    bool valid = false, over_limits = false;
+    std::optional<Delta> delta;
+    std::vector<int> closure;
+  };
+  std::vector<Move> moves(problem.num_nodes);
+  auto invalidate_src_of = [&](int e) { moves[problem.src[e]].valid = false; };
+  auto anchor = [&](int n) {
+    if (anchored[n]) return;
+    anchored[n] = 1;
+    for (int e : ins[n]) invalidate_src_of(e);
+  };
 
   PlanState state(problem);
   while (true) {
@@ -114,59 +180,55 @@ std::vector<int> Greedy(const Problem& problem, const std::vector<int>& edges, c
     }
     if (open.empty()) break;
 
-    // The best improving move: a node and a set of its out-edges into anchored nodes.
-    std::optional<Delta> best;
-    std::vector<int> best_closure;
     int best_node = -1;
     for (int u : open) {
-      std::vector<int> candidates;
-      for (int e : outs[u]) {
-        if (anchored[problem.dst[e]] && !state.chosen(e)) candidates.push_back(e);
-      }
-      if (candidates.size() > kMaxEnumerated) {
-        // Keep the best single edges (stable: ties stay in id order).
-        std::vector<std::pair<Delta, int>> singles;
-        for (int e : candidates) {
-          if (auto d = EvaluateAdd(problem, {e}, in_subset, limits, &state, nullptr)) singles.push_back({*d, e});
+      Move& move = moves[u];
+      if (!move.valid) {
+        std::vector<int> candidates;
+        for (int e : outs[u]) {
+          if (anchored[problem.dst[e]] && !state.chosen(e)) candidates.push_back(e);
         }
-        std::stable_sort(singles.begin(), singles.end(),
-                         [&](const auto& x, const auto& y) { return order.Better(x.first, y.first); });
-        candidates.clear();
-        for (size_t i = 0; i < singles.size() && i < kMaxEnumerated; ++i) candidates.push_back(singles[i].second);
-        std::sort(candidates.begin(), candidates.end());
+        move.over_limits = false;
+        move.delta = BestEdgeSet(problem, candidates, in_subset, limits, &state, &move.closure, &move.over_limits);
+        move.valid = true;
       }
-      const uint32_t num_subsets = 1u << candidates.size();
-      for (uint32_t mask = 1; mask < num_subsets; ++mask) {
-        std::vector<int> seeds;
-        for (size_t i = 0; i < candidates.size(); ++i) {
-          if (mask & (1u << i)) seeds.push_back(candidates[i]);
-        }
-        std::vector<int> closure;
-        auto d = EvaluateAdd(problem, seeds, in_subset, limits, &state, &closure);
-        if (d && order.Improves(*d) && (!best || order.Better(*d, *best))) {
-          best = d;
-          best_closure = std::move(closure);
-          best_node = u;
-        }
-      }
+      if (move.delta && (best_node < 0 || order.Better(*move.delta, *moves[best_node].delta))) best_node = u;
     }
-    if (best) {
-      TryAdd(best_closure, limits, &state);
-      anchored[best_node] = 1;
-      for (int e : best_closure) anchored[problem.src[e]] = 1;
+    if (best_node >= 0) {
+      Move& move = moves[best_node];
+      const int64_t memory_before = state.memory(), kernels_before = state.kernels();
+      const double gain_before = state.gain();
+      if (!TryAdd(move.closure, limits, &state)) {
+        move.valid = false;  // stale; re-evaluated on the next round
+        continue;
+      }
+      for (int a : move.closure) {
+        for (const auto& [f, g] : problem.partners[a]) invalidate_src_of(f);
+        for (int s : problem.conflict_sets_of[a]) {
+          for (int f : problem.conflict_sets[s]) invalidate_src_of(f);
+        }
+        for (int f : problem.requires_of[a]) invalidate_src_of(f);
+        for (int f : problem.required_by[a]) invalidate_src_of(f);
+      }
+      if (state.memory() < memory_before || state.kernels() < kernels_before || state.gain() > gain_before) {
+        for (int u : open) {
+          if (moves[u].over_limits) moves[u].valid = false;
+        }
+      }
+      std::vector<int> closure = move.closure;
+      anchor(best_node);
+      for (int e : closure) anchor(problem.src[e]);
       continue;
     }
     // Fixed point: nodes that had every out-edge evaluated stay physical and become anchors.
-    bool anchored_any = false;
+    std::vector<int> to_anchor;
     for (int u : open) {
-      bool all_into_anchors = std::all_of(outs[u].begin(), outs[u].end(),
-                                          [&](int e) { return anchored[problem.dst[e]]; });
-      if (all_into_anchors) {
-        anchored[u] = 1;
-        anchored_any = true;
+      if (std::all_of(outs[u].begin(), outs[u].end(), [&](int e) { return anchored[problem.dst[e]]; })) {
+        to_anchor.push_back(u);
       }
     }
-    if (!anchored_any) anchored[open.front()] = 1;
+    if (to_anchor.empty()) to_anchor.push_back(open.front());
+    for (int u : to_anchor) anchor(u);
   }
   LocalSearch(problem, edges, limits, &state);
   return state.Chosen();

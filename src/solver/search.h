@@ -41,14 +41,15 @@ class ObjectiveOrder {
  * \brief The paper's global greedy over \p edges, then LocalSearch.
  *
  * 1. Anchors: nodes with no out-edge in \p edges. 2. Repeatedly, over the non-anchored nodes,
- *    find the best set of their out-edges into anchored nodes (every non-empty subset of up to
- *    8 candidates, each with the edges it requires), apply the best improving one and anchor
- *    its node, so edges into it are evaluated (with their interactions) from then on.
+ *    find the best set of their out-edges into anchored nodes (each with the edges it
+ *    requires), apply the best improving one and anchor its node, so edges into it are
+ *    evaluated, with their interactions, from then on.
  * 3. With no improving move left, the fixed point: nodes whose out-edges all lead to anchors
  *    stay physical and become anchors (edges into them open up); if none, the lowest open node
  *    does (this breaks cycles and chains into still-open nodes). Ends when no node is open.
- * Limits: a node with more than 8 candidate edges only tries its 8 best single edges' subsets;
- * the node-level choice is myopic (it is a heuristic; branch and bound makes it exact).
+ * Limits: a node's best set is exact over up to 4 candidate edges (all subsets) and grown edge
+ * by edge beyond; a node's move is cached until an edge it depends on changes; the node-level
+ * choice is myopic (a heuristic: branch and bound makes small components exact).
  */
 std::vector<int> Greedy(const Problem& problem, const std::vector<int>& edges, const Limits& limits);
 
