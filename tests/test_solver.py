@@ -293,6 +293,54 @@ def test_budgets_coupling_components():
     assert capped.components == (("exact", 1), ("exact", 1))
 
 
+def test_knapsack_across_many_components_is_feasible_not_claimed_exact():
+    # 14 independent edges competing for one memory budget: the components couple, there are
+    # more edges than max_exact_edges, so the plan is repaired and not claimed optimal.
+    rng = random.Random(7)
+    n = 14
+    problem = Problem(
+        num_nodes=2 * n,
+        edges=[(2 * i, 2 * i + 1) for i in range(n)],
+        gain=[round(rng.uniform(0.5, 5), 2) for _ in range(n)],
+        kernels=[-1] * n,
+        memory=[rng.randint(1, 40) for _ in range(n)],
+        memory_budget=100,
+    )
+    sol = solve(problem, max_exact_edges=4)
+    check_solution(problem, sol)
+    assert not sol.exact and sol.memory <= 100
+    best = brute_force(problem)
+    assert not key_better(objective_key(problem, sol.chosen), best)
+    assert sol.gain >= 0.8 * best[0]  # the repair is a decent knapsack heuristic
+    assert key_equal(objective_key(problem, solve(problem, max_exact_edges=n).chosen), best)
+
+
+def test_many_kv_cache_updates_are_all_solved_exactly():
+    """500 copies of the ScatterND chain (2500 edges): small components, each exact."""
+    QKV, K, Kr, Kc, Kout = range(5)
+    edges, conflicts, requires = [], [], []
+    copies = 500
+    for c in range(copies):
+        n, e = 5 * c, 5 * c
+        edges += [(K + n, QKV + n), (Kr + n, K + n), (Kout + n, Kc + n), (Kr + n, Kout + n), (K + n, Kr + n)]
+        conflicts += [[e + 0, e + 4], [e + 1, e + 3]]
+        requires += [(e + 3, e + 2), (e + 4, e + 3)]
+    problem = Problem(
+        num_nodes=5 * copies,
+        edges=edges,
+        gain=[2.0, 1.5, 4.0, 3.0, 1.0] * copies,
+        kernels=[-1, -1, -1, 0, -1] * copies,
+        memory=[-32, -32, -4096, 0, -32] * copies,
+        conflicts=conflicts,
+        requires=requires,
+    )
+    sol = solve(problem)
+    check_solution(problem, sol)
+    assert sol.exact and sol.components == (("exact", 5),) * copies
+    assert sol.chosen == tuple(5 * c + i for c in range(copies) for i in (0, 2, 3))
+    assert math.isclose(sol.gain, 9.0 * copies)
+
+
 def test_method_and_component_reports():
     # One component of 5 edges (a conflict chain) and one of 1 edge.
     problem = Problem(
