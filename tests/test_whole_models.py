@@ -113,8 +113,9 @@ def _compile_and_compare(name, batch, pipeline):
     assert err <= TOL, f"{name} batch {batch}: rel L2 {err:.2e}"
 
 
-@pytest.mark.parametrize("batch", [2, "N"])
-@pytest.mark.parametrize("name", NAMES)
+# Every model at a static batch; the symbolic batch of the larger two is covered by the vtc test
+# below (also against onnxruntime), which keeps this file's compile time down.
+@pytest.mark.parametrize("name, batch", [(n, 2) for n in NAMES] + [("shufflenet_v2_whole", "N")])
 def test_stock_tvm_matches_onnxruntime(name, batch):
     _compile_and_compare(name, batch, relax.get_default_pipeline(LLVM))
 
