@@ -398,8 +398,10 @@ def check(s: Session, executables: dict, dev) -> dict:
 
 
 def _check_lines(result) -> list:
-    ins = ", ".join(f"{i['name']}{i['shape']} {i['dtype']} {i['values']}" for i in result["inputs"])
-    lines = [f"check: inputs (seed {result['seed']}): {ins or 'none'}"]
+    shown = [f"{i['name']}{i['shape']} {i['dtype']}" for i in result["inputs"]]
+    ins = ", ".join(shown[:4]) + (f" and {len(shown) - 4} more" if len(shown) > 4 else "")
+    kinds = ", ".join(sorted({i["values"] for i in result["inputs"]}))
+    lines = [f"check: inputs (seed {result['seed']}; {kinds or 'no inputs'}): {ins or 'none'}"]
     for o in result["outputs"]:
         tol = o["tolerance"]
         bound = (f"rel-L2 <= {tol['rel_l2']:g} and max|err|/max|ref| <= {tol['max_rel']:g}"
@@ -468,13 +470,13 @@ def cmd_bench(args, console: Console, out: dict) -> ExitCode:
 
 
 def cmd_tune(args, console: Console, out: dict) -> ExitCode:
-    try:
-        from . import tuning
-    except ImportError as e:
-        if getattr(e, "name", None) not in ("vtc_tvm.tuning", None):
-            raise
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec(f"{__package__}.tuning") is None:
         raise UserError("tuning support is not installed in this build (no module vtc_tvm.tuning)",
-                        ExitCode.NO_TUNING) from None
+                        ExitCode.NO_TUNING)
+    tuning = importlib.import_module(f"{__package__}.tuning")  # its own import errors are crashes
     s = Session(args, console)
     device_for(s.target, "tune")
     s.load()
