@@ -457,16 +457,20 @@ def cmd_bench(args, console: Console, out: dict) -> ExitCode:
                repeat=args.repeat, variants={v: {**_census_row(census[v]), "median_ms": med[v],
                                                   "round_medians_ms": samples[v]} for v in executables},
                speedup=med["stock"] / med["vtc"] if med["vtc"] > 0 else None)
-    lines = [f"{args.model} on {s.target.kind.name}: medians of {args.rounds} interleaved rounds x {args.repeat} runs",
+    _say(args, bench_lines(out))
+    return ExitCode.OK
+
+
+def bench_lines(out: dict) -> list:
+    """The text table of a ``bench`` result (its ``--json`` object)."""
+    lines = [f"{out['model']} on {out['target']}: medians of {out['rounds']} interleaved rounds x {out['repeat']} runs",
              f"{'':8}{'kernels':>9}{'data-mv':>9}{'mem MiB':>10}{'ms':>10}"]
-    for v in executables:
-        c = census[v]
+    for v, c in out["variants"].items():
         mib = "n/a" if c["planned_bytes"] is None else f"{c['planned_bytes'] / 2**20:.3f}"
-        lines.append(f"{v:8}{c['kernels']:>9}{c['data_movement']:>9}{mib:>10}{med[v]:>10.3f}")
+        lines.append(f"{v:8}{c['kernels']:>9}{c['data_movement']:>9}{mib:>10}{c['median_ms']:>10.3f}")
     if out["speedup"]:
         lines.append(f"speed-up: {out['speedup']:.2f}x")
-    _say(args, lines)
-    return ExitCode.OK
+    return lines
 
 
 def cmd_tune(args, console: Console, out: dict) -> ExitCode:

@@ -384,7 +384,6 @@ def render_svg(plan) -> str:
     box = (190, 58)
     pos, width, height = layered_layout([n["id"] for n in plan["nodes"]], drawn, box)
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-           '
            f'viewBox="0 0 {width} {height}" font-family="Helvetica, Arial, sans-serif" font-size="11">',
            "<defs>" + "".join(
                f'<marker id="arrow-{k}" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
