@@ -73,7 +73,7 @@ def compare_output(index: int, ref: np.ndarray, got: np.ndarray) -> OutputError:
                            0.0, 0.0 if exact else np.inf, exact, exact, "" if exact else "values differ")
     a, b = ref.astype("float64"), got.astype("float64")
     finite = np.isfinite(a)
-    if not np.array_equal(finite, np.isfinite(b)) or not np.array_equal(a[~finite], b[~finite]):
+    if not np.array_equal(finite, np.isfinite(b)) or not np.array_equal(a[~finite], b[~finite], equal_nan=True):
         return OutputError(index, ref.shape, dtype, np.inf, np.inf, 0.0, np.inf, False, False,
                            "NaN/Inf where the reference has none (or different ones)")
     diff = b[finite] - a[finite]
