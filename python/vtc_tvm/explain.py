@@ -316,6 +316,9 @@ def graph_edges(plan) -> list:
     return drawn
 
 
+_TOP_LANE = 34  # room above the boxes for the edges that skip layers
+
+
 def layered_layout(node_ids, edges, box=(190, 58), gap=(70, 22)):
     """Left-to-right layered layout: layer = longest path from a root, order in a layer by the
     mean position of the predecessors (one sweep). Returns ({id: (x, y)}, width, height)."""
@@ -346,9 +349,9 @@ def layered_layout(node_ids, edges, box=(190, 58), gap=(70, 22)):
                 return sum(ys) / len(ys) if ys else 0.0
             members.sort(key=key)
         for row, n in enumerate(members):
-            pos[n] = (20 + col * (box[0] + gap[0]), 20 + row * (box[1] + gap[1]))
+            pos[n] = (20 + col * (box[0] + gap[0]), _TOP_LANE + row * (box[1] + gap[1]))
     width = 40 + (max(columns, default=0) + 1) * (box[0] + gap[0]) - gap[0]
-    height = 40 + max((len(m) for m in columns.values()), default=1) * (box[1] + gap[1]) - gap[1]
+    height = _TOP_LANE + 20 + max((len(m) for m in columns.values()), default=1) * (box[1] + gap[1]) - gap[1]
     return pos, width, height
 
 
@@ -394,6 +397,10 @@ def render_svg(plan) -> str:
         x1, y1, x2, y2 = x1 + box[0], y1 + box[1] / 2, x2, y2 + box[1] / 2
         if x2 <= x1:  # same or earlier layer: go around below
             path = f"M{x1},{y1} C{x1 + 60},{y1 + 60} {x2 - 60},{y2 + 60} {x2},{y2}"
+        elif x2 - x1 > box[0] + 80:  # skips a layer: over the top lane, not through the boxes between
+            lane = 10
+            path = (f"M{x1},{y1} C{x1 + 45},{y1} {x1 + 25},{lane} {x1 + 70},{lane} "
+                    f"L{x2 - 70},{lane} C{x2 - 25},{lane} {x2 - 45},{y2} {x2},{y2}")
         else:
             mid = (x1 + x2) / 2
             path = f"M{x1},{y1} C{mid},{y1} {mid},{y2} {x2},{y2}"
@@ -461,7 +468,7 @@ def _dot_escape(text) -> str:
 
 # -- the page ---------------------------------------------------------------------------------------
 _CSS = """
-body { font-family: Helvetica, Arial, sans-serif; margin: 24px; color: #1a202c; max-width: 1500px; }
+body { font-family: Helvetica, Arial, sans-serif; margin: 24px; color: #1a202c; }
 h1 { font-size: 22px; margin-bottom: 4px; } h2 { font-size: 17px; margin-top: 28px; }
 table { border-collapse: collapse; font-size: 13px; margin-top: 6px; }
 th, td { border: 1px solid #cbd5e0; padding: 4px 8px; text-align: left; vertical-align: top; }
@@ -519,11 +526,12 @@ def render_html(plan, title: str = "model") -> str:
             f"<td><code>{e(shape)}</code></td><td class=num>{_fmt_bytes(n.get('bytes'))}</td><td>{kind}</td>"
             f"<td>{e(n.get('reason') or '')}</td></tr>")
     conflicts = "".join(f"<li>{e(', '.join(c))}</li>" for c in plan.get("conflicts") or [])
-    legend = ('<div class=legend><span style="color:#2f855a">&#9632; virtual tensor (dashed box)</span>'
-              '<span style="color:#c05621">&#9632; physical movement tensor</span>'
+    legend = ('<div class=legend><span style="color:#2f855a">&#9633; dashed box: virtual tensor (no kernel, '
+              'no memory)</span><span style="color:#c05621">&#9633; orange box: physical movement tensor</span>'
               '<span style="color:#2f855a">&#8594; consumer reads through the mapping</span>'
               '<span style="color:#c53030">&#8674; edge refused: the copy stays</span>'
-              '<span style="color:#2b6cb0">&#8674; virtual tensor points to its source</span></div>')
+              '<span style="color:#2b6cb0">&#8674; source of a virtual tensor (read in its place)</span>'
+              '<span style="color:#8a8f98">&#8594; plain data flow</span></div>')
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>vtc-tvm explain: {e(title)}</title><style>{_CSS}</style></head>
 <body>
