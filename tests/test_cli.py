@@ -112,7 +112,7 @@ def test_symbolic_dims_stay_symbolic(tmp_path):
 
 
 def test_explain(tmp_path):
-    r = _cli(tmp_path, "explain", YOLO, "--json")
+    r = _cli(tmp_path, "explain", YOLO, "--time", "--repeat", "2", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     page = (tmp_path / "yolo_c3k2_small.vtc.html").read_text()
@@ -128,6 +128,8 @@ def test_explain(tmp_path):
     assert concat["mapping"] == ("(i, j, k, l) -> split_0[i, j, k, l] if j < 16 else split_1[i, j - 16, k, l] "
                                  "if j < 32 else add_3[i, j - 32, k, l]")
     assert plan["summary"]["kernels"] == {"stock": 6, "vtc": 5}
+    assert all(ms > 0 for ms in plan["summary"]["latency_ms"].values())  # --time: on the CPU here
+    assert "not measured" not in page
     assert len({(e["src"], e["dst"], e["reason"]) for e in plan["edges"]}) == len(plan["edges"])  # no repeats
     if out["files"].get("png"):
         with open(out["files"]["png"], "rb") as f:

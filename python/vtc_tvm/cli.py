@@ -73,11 +73,9 @@ def _model_args(p, target_default: str):
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
 
 
-def parser() -> _Parser:
-    from .errors import __doc__ as _  # noqa: F401  (the table below is built from it)
-
+def parser(prog: str = "vtc-tvm") -> _Parser:
     epilog = exit_code_table().replace("``", "'")
-    ap = _Parser(prog="vtc-tvm", description="vtc-tvm: virtual tensors for Apache TVM Relax.",
+    ap = _Parser(prog=prog, description="vtc-tvm: virtual tensors for Apache TVM Relax.",
                  epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True, metavar="{compile,explain,bench,tune,demo}",
                             parser_class=_Parser)
@@ -559,15 +557,16 @@ def main(argv=None, prog: str = "vtc-tvm") -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     debug = "--debug" in argv or bool(os.environ.get("VTC_TVM_DEBUG"))
     wants_json = "--json" in argv
+    tvm_logger = logging.getLogger("tvm")
+    level = tvm_logger.level
     with silence_native_stderr(not debug) as stream, warnings.catch_warnings():
         if not debug:
             warnings.simplefilter("ignore")
-            logging.getLogger("tvm").setLevel(logging.ERROR)
+            tvm_logger.setLevel(logging.ERROR)
         console = Console(quiet="-q" in argv or "--quiet" in argv, stream=stream)
         out: dict = {}
         try:
-            ap = parser()
-            ap.prog = prog
+            ap = parser(prog)
             args = ap.parse_args(argv)
             out["command"] = args.command
             code = COMMANDS[args.command](args, console, out)
@@ -576,7 +575,7 @@ def main(argv=None, prog: str = "vtc-tvm") -> int:
             console.error(str(e))
             out.update(error=str(e))
         except KeyboardInterrupt:
-            code = ExitCode.INTERNAL
+            code = ExitCode.INTERRUPTED
             console.error("interrupted")
             out.update(error="interrupted")
         except Exception as e:  # noqa: BLE001 - a crash: one line unless --debug
@@ -586,6 +585,8 @@ def main(argv=None, prog: str = "vtc-tvm") -> int:
             msg = " ".join(str(e).split())[:300]
             console.error(f"internal error: {type(e).__name__}: {msg} (--debug shows the traceback)")
             out.update(error=f"{type(e).__name__}: {msg}")
+        finally:
+            tvm_logger.setLevel(level)
         if wants_json:
             out.update(exit_code=int(code), ok=code == ExitCode.OK)
             print(json.dumps(_jsonable(out), indent=1), flush=True)

@@ -15,6 +15,7 @@ code  meaning
 9     invalid model: missing, unreadable or malformed file, ONNX checker failure, unsupported dtype
 10    unsupported model: an ONNX op (or construct) TVM's ONNX frontend cannot convert
 11    tuning support is not installed in this build
+130   interrupted (Ctrl-C)
 ====  ===============================================================================
 """
 
@@ -36,6 +37,7 @@ class ExitCode(enum.IntEnum):
     INVALID_MODEL = 9
     UNSUPPORTED_MODEL = 10
     NO_TUNING = 11
+    INTERRUPTED = 130
 
 
 def exit_code_table() -> str:
