@@ -75,7 +75,8 @@ def _is_movement(node) -> bool:
     """Whether a plan node is a data-movement tensor (one the plan could make virtual)."""
     from .rules import registered_ops
 
-    return bool(node.get("mapping")) or "relax." + str(node["op"]) in registered_ops()
+    op, ops = str(node.get("op")), registered_ops()
+    return bool(node.get("mapping")) or op in ops or f"relax.{op}" in ops
 
 
 def plan_from_decisions(mod, vtc_mod, decisions, onnx_names: dict) -> dict:
