@@ -8,7 +8,6 @@ import xml.etree.ElementTree as ET
 import onnx
 import pytest
 import tvm_ffi
-from tvm import relax
 
 from vtc_tvm import explain
 from vtc_tvm.mapping import Mapping

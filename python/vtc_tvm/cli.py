@@ -312,19 +312,6 @@ def _census_row(c) -> dict:
     return {k: c[k] for k in ("kernels", "data_movement", "planned_bytes")}
 
 
-def _decision_rows(decisions) -> list:
-    """The pass's decisions without repeats (the rounds log an edge more than once)."""
-    seen, rows = set(), []
-    for d in decisions:
-        row = {"tensor": str(d["tensor"]), "consumer": str(d["consumer"]), "virtual": bool(d["virtual"]),
-               "reason": str(d["reason"])}
-        key = tuple(row.values())
-        if key not in seen:
-            seen.add(key)
-            rows.append(row)
-    return rows
-
-
 # -- subcommands ---------------------------------------------------------------------------------
 def cmd_compile(args, console: Console, out: dict) -> ExitCode:
     s = Session(args, console)
@@ -337,7 +324,9 @@ def cmd_compile(args, console: Console, out: dict) -> ExitCode:
                strategy=args.strategy)
     lines = [f"compiled {args.model} for {s.target.kind.name} (strategy {args.strategy})"]
     if args.report:
-        census, rows = s.census(), _decision_rows(s.decisions)
+        from .explain import unique_decisions
+
+        census, rows = s.census(), unique_decisions(s.decisions)
         out.update(decisions=rows, census={k: _census_row(v) for k, v in census.items()})
         lines += _report_lines(rows, census)
     if args.out:

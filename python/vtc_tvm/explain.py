@@ -94,7 +94,7 @@ def plan_from_decisions(mod, vtc_mod, decisions, onnx_names: dict) -> dict:
     by_var = {b.var: b for b in bindings.values()}
     still = {b.var.name for block in vtc_mod["main"].body.blocks for b in block.bindings}
     outputs = _output_names(func)
-    rows = _unique(decisions)
+    rows = unique_decisions(decisions)
 
     nodes: dict = {}
 
@@ -168,7 +168,8 @@ def _is_movement_binding(binding, by_var) -> bool:
     return isinstance(v, relax.Call) and isinstance(v.op, Op) and get_rule(v.op.name) is not None
 
 
-def _unique(decisions) -> list:
+def unique_decisions(decisions) -> list:
+    """The pass's decision rows without repeats (its rounds can log an edge twice), as strings."""
     seen, rows = set(), []
     for d in decisions:
         row = {"tensor": str(d["tensor"]), "consumer": str(d["consumer"]), "virtual": bool(d["virtual"]),
