@@ -1,0 +1,246 @@
+"""The shared core of the small-batch rules: a GEMM with few rows as a batched GEMV.
+
+:func:`match` recognises a reduction block ``C[b, m, n] += A[b, m, k] * W[b, n, k]`` (any
+number of axes per group, read through any index mapping) and classifies its axes: *batch*
+(used by both operands), *rows* (``A`` only: the few rows), *cols* (``W`` only) and *red*.
+:func:`schedule` then reads each element of ``W`` once for all rows: every thread keeps one
+float32 accumulator per row (and per vector lane), the reduction is split over threads and
+summed across them at the end (``rfactor``), and ``W`` is loaded 128 bits at a time when its
+innermost axis is a column axis.
+
+Limits: 1. one reduction block, injective blocks around it only (inlined or an epilogue);
+2. static extents; 3. ``W``'s innermost index must be a single column or reduction axis.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import List, Optional
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import (collect_block_iter_vars_used_in_access_region,
+                                       normalize_prim_func)
+from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
+
+from .accumulate import NARROW_FLOATS, needs_widening, reduction_update, widen_accumulator
+
+
+@dataclass(frozen=True)
+class GemvForm:
+    """The axes of a matched reduction block (positions in its iter_vars) and their extents."""
+
+    block: str
+    batch: tuple
+    rows: tuple
+    cols: tuple
+    red: tuple
+    B: int
+    M: int
+    N: int
+    K: int
+    weight: tirx.Buffer  # the operand read once per (batch, col, red) point
+    inner: str  # "cols" or "red": the group that indexes the weight's innermost axis
+    dtype: str  # the operands' dtype
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """Thread tiling of one kernel: ``tn`` x ``tk`` threads, ``vec`` columns per thread."""
+
+    tn: int
+    tk: int
+    vec: int
+
+
+def _product(extents):
+    return math.prod(int(e) for e in extents)
+
+
+def match(sch: s_tir.Schedule, block) -> Optional[GemvForm]:
+    """The :class:`GemvForm` of ``block`` (None when it is no two-operand sum of products)."""
+    stmt = sch.get(block)
+    update = reduction_update(stmt)
+    if update is None or len(stmt.reads) != 2 or len(stmt.writes) != 1 or stmt.init is None:
+        return None
+    if any(not isinstance(iv.dom.extent, tirx.IntImm) for iv in stmt.iter_vars):
+        return None
+    dtypes = {str(r.source.dtype) for r in stmt.reads}
+    if len(dtypes) != 1 or not dtypes <= set(NARROW_FLOATS):
+        return None
+    used = [collect_block_iter_vars_used_in_access_region(stmt, r.region) for r in stmt.reads]
+    out = collect_block_iter_vars_used_in_access_region(stmt, stmt.writes[0].region)
+    groups = {"batch": [], "rows": [], "cols": [], "red": []}
+    for pos, iv in enumerate(stmt.iter_vars):
+        a, w = iv.var in used[0], iv.var in used[1]
+        if iv.iter_type == tirx.IterVar.CommReduce:
+            if not (a and w) or iv.var in out:
+                return None
+            groups["red"].append(pos)
+        elif iv.iter_type != tirx.IterVar.DataPar or iv.var not in out:
+            return None
+        elif a and w:
+            groups["batch"].append(pos)
+        elif a or w:
+            groups["rows" if a else "cols"].append((pos, 0 if a else 1))
+        elif int(iv.dom.extent) != 1:
+            return None
+        else:
+            groups["batch"].append(pos)
+    # The weight is the operand without the row axes; the rows are the other operand's own axes.
+    sides = {side for _, side in groups["rows"] + groups["cols"]}
+    if len(sides) != 2 and groups["rows"] + groups["cols"]:
+        pass
+    a_own = [p for p, side in groups["rows"] + groups["cols"] if side == 0]
+    w_own = [p for p, side in groups["rows"] + groups["cols"] if side == 1]
+    ext = lambda ps: _product([stmt.iter_vars[p].dom.extent for p in ps])
+    if ext(a_own) > ext(w_own):  # the operand with the smaller own extent holds the rows
+        a_own, w_own, weight_idx = w_own, a_own, 0
+    else:
+        weight_idx = 1
+    if not w_own or not groups["red"]:
+        return None
+    weight = stmt.reads[weight_idx]
+    last = collect_block_iter_vars_used_in_access_region(stmt, [weight.region[-1]])
+    var_pos = {iv.var: p for p, iv in enumerate(stmt.iter_vars)}
+    inner_pos = {var_pos[v] for v in last if v in var_pos}
+    if len(inner_pos) != 1:
+        return None
+    (inner,) = inner_pos
+    if inner in w_own:
+        kind = "cols"
+    elif inner in groups["red"]:
+        kind = "red"
+    else:
+        return None
+    return GemvForm(stmt.name_hint, tuple(groups["batch"]), tuple(a_own), tuple(w_own), tuple(groups["red"]),
+                    ext(groups["batch"]), ext(a_own), ext(w_own), ext(groups["red"]), weight.source,
+                    kind, dtypes.pop())
+
+
+def single_reduction(func: tirx.PrimFunc):
+    """``(schedule, block infos, reduction block)`` for a function with one reduction block."""
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    if infos is None:
+        return None
+    reductions = [b for b in infos if b.is_reduction()]
+    if len(reductions) != 1 or any(not b.is_injective() for b in infos if not b.is_reduction()):
+        return None
+    return sch, reductions[0].block_rv
+
+
+def prepare(func: tirx.PrimFunc):
+    """Widen the accumulator, inline what can be inlined: ``(sch, form, epilogue or None)``."""
+    found = single_reduction(func)
+    if found is None:
+        return None
+    sch, block = found
+    if match(sch, block) is None:
+        return None
+    name = sch.get(block).name_hint
+    if needs_widening(sch, block):
+        sch = widen_accumulator(sch, block)
+    infos = normalize_prim_func(sch)
+    if infos is None:
+        return None
+    rest = try_inline_contiguous_spatial(sch, infos)
+    block = sch.get_sblock(name)
+    form = match(sch, block)  # the accumulator's dtype changed, the axes did not
+    if form is None or len(rest) > 2:
+        return None
+    epilogue = rest[1].block_rv if len(rest) == 2 else None
+    if len(rest) == 2 and not (rest[0].is_reduction() and rest[1].is_injective()):
+        return None
+    return sch, form, epilogue
+
+
+def _group_loop(sch, block, loops):
+    return sch.fuse(*loops) if loops else sch.add_unit_loop(block)
+
+
+def schedule(sch: s_tir.Schedule, form: GemvForm, epilogue, tiling: Tiling, unroll: int = 64) -> s_tir.Schedule:
+    """Schedule ``form``'s block (from :func:`prepare`) as a batched GEMV with ``tiling``."""
+    block = sch.get_sblock(form.block)
+    loops = sch.get_loops(block)
+    by_pos = lambda ps: [loops[p] for p in ps]
+    sch.reorder(*by_pos(form.batch + form.rows + form.cols + form.red))
+    b = _group_loop(sch, block, by_pos(form.batch))
+    m = _group_loop(sch, block, by_pos(form.rows))
+    n = _group_loop(sch, block, by_pos(form.cols))
+    k = _group_loop(sch, block, by_pos(form.red))
+    tn, tk, vec = tiling.tn, tiling.tk, tiling.vec
+    # The reduction is split over the lanes of a warp (threadIdx.x, tk <= 32), so the final
+    # cross-thread sum of the M x vec partials is warp shuffles without block barriers (a
+    # shared-memory tree per value costs ~6 barriers each: 768 for M = 16, vec = 8).
+    tag_n, tag_k = "threadIdx.y", "threadIdx.x"
+    nb, t_n, v_n = sch.split(n, factors=[None, tn, vec], preserve_unit_iters=True)
+    ko, t_k = sch.split(k, factors=[None, tk], preserve_unit_iters=True)
+    sch.reorder(b, nb, t_n, t_k, ko, m, v_n)
+    rf = sch.rfactor(t_k, factor_axis=0)
+    # the per-thread partial sums: M x vec float32 registers
+    b, nb, t_n, t_k, ko, m, v_n = sch.get_loops(rf)
+    bx = sch.fuse(b, nb)
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(t_n, tag_n)
+    sch.bind(t_k, tag_k)
+    sch.set_scope(rf, 0, "local")
+    sch.annotate(ko, "pragma_auto_unroll_max_step", unroll)
+    sch.annotate(ko, "pragma_unroll_explicit", 1)
+    if vec > 1:
+        sch.vectorize(v_n)
+    init = sch.decompose_reduction(rf, ko)
+    if vec > 1:
+        sch.vectorize(sch.get_loops(init)[-1])
+    # the cross-thread sum over t_k, per row and column; the write-back block iterates
+    # (t_k, [unit batch,] rows, columns of the tile) under blockIdx.x
+    sch.reverse_compute_at(block, bx, preserve_unit_loops=True)
+    t_k2, *_, m2, c2 = sch.get_loops(block)[1:]
+    t_n2, v_n2 = sch.split(c2, factors=[tn, vec], preserve_unit_iters=True)
+    sch.reorder(t_n2, m2, v_n2, t_k2)
+    sch.bind(t_n2, tag_n)
+    sch.bind(t_k2, tag_k)
+    if epilogue is not None:
+        # the tile's sums go through shared memory, so all tn x tk threads run the epilogue
+        sch.set_scope(block, 0, "shared")
+        sch.reverse_compute_at(epilogue, bx, preserve_unit_loops=True)
+        flat = sch.fuse(*sch.get_loops(epilogue)[1:])
+        _, ty, tx = sch.split(flat, factors=[None, tn, tk])
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+    return sch
+
+
+# -- tiling ------------------------------------------------------------------------------------
+# Target knowledge as data: streaming multiprocessors per CUDA arch (the grid should cover each
+# at least WAVES times so that every SM streams weights).
+SM_COUNT = {"sm_90": 132, "sm_90a": 132, "sm_89": 128, "sm_86": 84, "sm_80": 108, "sm_75": 40, "sm_70": 80}
+DEFAULT_SM_COUNT = 108
+WAVES = 2
+WARP = 32
+VECTOR_BYTES = 16  # one 128-bit load
+MAX_ACCUMULATORS = 128  # float32 partial sums a thread keeps (M x vec)
+
+
+def sm_count(target) -> int:
+    return SM_COUNT.get(str(target.attrs.get("arch", "")), DEFAULT_SM_COUNT)
+
+
+def plan(form: GemvForm, target) -> Tiling:
+    """Threads and vector width for ``form`` on ``target``: 32 lanes over the reduction, up to
+    4 warps over the columns, 128-bit column vectors when the columns are contiguous; halved
+    while the grid would leave SMs idle."""
+    tk = min(WARP, 1 << (max(form.K, 1).bit_length() - 1))
+    vec = 1
+    if form.inner == "cols":
+        vec = VECTOR_BYTES // (2 if form.dtype in NARROW_FLOATS else 4)
+        while vec > 1 and (form.N % vec or form.M * vec > MAX_ACCUMULATORS):
+            vec //= 2
+    tn = 4
+    blocks = lambda: form.B * -(-form.N // (tn * vec))
+    want = WAVES * sm_count(target)
+    while tn > 1 and blocks() < want:
+        tn //= 2
+    while vec > 2 and blocks() < want:
+        vec //= 2
+    return Tiling(tn, tk, vec)
