@@ -166,6 +166,36 @@ def test_schedule_preserves_semantics(rule, make):
     assert np.abs(want).max() > 1  # not a vacuous comparison of zeros
 
 
+@pytest.mark.parametrize("tiling", [batched_gemv.Tiling(2, 8, 2, 3), batched_gemv.Tiling(1, 32, 1, 2),
+                                    batched_gemv.Tiling(4, 4, 4, 1)])
+@pytest.mark.parametrize("make", [lambda: projection(M=4, K=256, N=128, epilogue=True), lambda: gqa_values(),
+                                  lambda: gqa_scores(T=80, D=64)])
+def test_split_tilings_preserve_semantics(make, tiling):
+    """Reduction split over blocks (float32 partials + a second kernel), odd splits included."""
+    func = make()
+    sch, form, epilogue = batched_gemv.prepare(func)
+    if form.inner == "red":
+        tiling = batched_gemv.Tiling(tiling.tn, tiling.tk, 1, tiling.split)
+    scheduled = batched_gemv.schedule(sch, form, epilogue, tiling).mod["main"]
+    assert verify_well_formed(scheduled)
+    arrays = _inputs(func, np.random.default_rng(11))
+    want = _run_llvm(batched_gemv.prepare(func)[0].mod["main"], [a.copy() for a in arrays]).astype(np.float64)
+    got = _run_llvm(_serial(scheduled), [a.copy() for a in arrays]).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=2 ** -10, atol=2 ** -10 * np.abs(want).max())
+
+
+def test_unaligned_weight_reads_are_not_vectorised():
+    """A weight read at a column offset (a slice) gets scalar loads: a 128-bit load would fault."""
+    A = te.placeholder((4, 1, 256), "float16", "A")
+    W = te.placeholder((256, 136), "float16", "W")
+    k = te.reduce_axis((0, 256), "k")
+    C = te.compute((4, 1, 128), lambda i, s, j: te.sum(A[i, s, k] * W[k, j + 3], axis=k), name="matmul")
+    sch, form, _ = batched_gemv.prepare(_func([A, W, C]))
+    assert not form.aligned and batched_gemv.plan(form, TARGET).vec == 1
+    sch, form, _ = batched_gemv.prepare(projection(M=4, K=256, N=128))
+    assert form.aligned and batched_gemv.plan(form, TARGET).vec == 8
+
+
 def test_float32_accumulation_is_more_accurate():
     """A 4096-long fp16 reduction (a decode attention over the whole cache): the widened sum is
     within output rounding of float64, fp16 accumulation is not."""

@@ -18,9 +18,11 @@ import math
 from dataclasses import dataclass
 from typing import List, Optional
 
+import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import (collect_block_iter_vars_used_in_access_region,
                                        normalize_prim_func)
+from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
 
 from .accumulate import NARROW_FLOATS, needs_widening, reduction_update, widen_accumulator
@@ -42,15 +44,18 @@ class GemvForm:
     weight: tirx.Buffer  # the operand read once per (batch, col, red) point
     inner: str  # "cols" or "red": the group that indexes the weight's innermost axis
     dtype: str  # the operands' dtype
+    aligned: bool = False  # weight[..., n] with n a bare column axis: vec-wide loads stay aligned
 
 
 @dataclass(frozen=True)
 class Tiling:
-    """Thread tiling of one kernel: ``tn`` x ``tk`` threads, ``vec`` columns per thread."""
+    """``tn`` x ``tk`` threads a block, ``vec`` columns a thread, the reduction split over
+    ``split`` blocks (flash-decoding style: float32 partials, then a second kernel sums them)."""
 
     tn: int
     tk: int
     vec: int
+    split: int = 1
 
 
 def _product(extents):
@@ -113,9 +118,13 @@ def match(sch: s_tir.Schedule, block) -> Optional[GemvForm]:
         kind = "red"
     else:
         return None
+    # 128-bit loads need the column index to be the axis itself (no offset, e.g. a slice at 3)
+    # in a buffer with no element offset
+    aligned = (kind == "cols" and inner == w_own[-1] and isinstance(weight.region[-1].min, tirx.Var)
+               and isinstance(weight.source.elem_offset, tirx.IntImm) and int(weight.source.elem_offset) == 0)
     return GemvForm(stmt.name_hint, tuple(groups["batch"]), tuple(a_own), tuple(w_own), tuple(groups["red"]),
                     ext(groups["batch"]), ext(a_own), ext(w_own), ext(groups["red"]), weight.source,
-                    kind, dtypes.pop())
+                    kind, dtypes.pop(), aligned)
 
 
 def single_reduction(func: tirx.PrimFunc):
@@ -155,6 +164,26 @@ def prepare(func: tirx.PrimFunc):
     return sch, form, epilogue
 
 
+def _spatial_loops(sch, block):
+    """``block``'s loops that bind only its spatial iters, moved outside the others."""
+    realize = get_sblockrealize(sch, block)
+    loops = sch.get_loops(block)
+    loop_vars = [sch.get(lp).loop_var for lp in loops]
+    reduce_vars = set()
+    for iv, value in zip(realize.block.iter_vars, realize.iter_values):
+        if iv.iter_type == tirx.IterVar.CommReduce:
+            reduce_vars |= {v for v in loop_vars if _uses(value, v)}
+    spatial = [lp for lp, v in zip(loops, loop_vars) if v not in reduce_vars]
+    sch.reorder(*spatial, *[lp for lp, v in zip(loops, loop_vars) if v in reduce_vars])
+    return spatial
+
+
+def _uses(expr, var) -> bool:
+    found = []
+    tvm_ffi.structural_walk(expr, (tirx.Var, lambda v: found.append(v) if v.same_as(var) else None), order="post")
+    return bool(found)
+
+
 def _group_loop(sch, block, loops):
     return sch.fuse(*loops) if loops else sch.add_unit_loop(block)
 
@@ -169,18 +198,30 @@ def schedule(sch: s_tir.Schedule, form: GemvForm, epilogue, tiling: Tiling, unro
     m = _group_loop(sch, block, by_pos(form.rows))
     n = _group_loop(sch, block, by_pos(form.cols))
     k = _group_loop(sch, block, by_pos(form.red))
-    tn, tk, vec = tiling.tn, tiling.tk, tiling.vec
+    tn, tk, vec, split = tiling.tn, tiling.tk, tiling.vec, tiling.split
     # The reduction is split over the lanes of a warp (threadIdx.x, tk <= 32), so the final
     # cross-thread sum of the M x vec partials is warp shuffles without block barriers (a
     # shared-memory tree per value costs ~6 barriers each: 768 for M = 16, vec = 8).
     tag_n, tag_k = "threadIdx.y", "threadIdx.x"
     nb, t_n, v_n = sch.split(n, factors=[None, tn, vec], preserve_unit_iters=True)
     ko, t_k = sch.split(k, factors=[None, tk], preserve_unit_iters=True)
-    sch.reorder(b, nb, t_n, t_k, ko, m, v_n)
+    final = None
+    if split > 1:
+        # each of ``split`` blocks sums a contiguous range of the reduction into a float32
+        # partial; ``block`` (now the sum over the partials) becomes a second kernel
+        ks, ko = sch.split(ko, factors=[split, None], preserve_unit_iters=True)
+        sch.reorder(b, nb, ks, t_n, t_k, ko, m, v_n)
+        final, block = block, sch.rfactor(ks, factor_axis=0)
+        b, nb, ks, t_n, t_k, ko, m, v_n = sch.get_loops(block)
+        grid = [b, nb, ks]
+    else:
+        sch.reorder(b, nb, t_n, t_k, ko, m, v_n)
+        grid = [b, nb]
     rf = sch.rfactor(t_k, factor_axis=0)
     # the per-thread partial sums: M x vec float32 registers
-    b, nb, t_n, t_k, ko, m, v_n = sch.get_loops(rf)
-    bx = sch.fuse(b, nb)
+    loops = sch.get_loops(rf)
+    bx = sch.fuse(*loops[:len(grid)])
+    t_n, t_k, ko, m, v_n = loops[len(grid):]
     sch.bind(bx, "blockIdx.x")
     sch.bind(t_n, tag_n)
     sch.bind(t_k, tag_k)
@@ -188,19 +229,33 @@ def schedule(sch: s_tir.Schedule, form: GemvForm, epilogue, tiling: Tiling, unro
     sch.annotate(ko, "pragma_auto_unroll_max_step", unroll)
     sch.annotate(ko, "pragma_unroll_explicit", 1)
     if vec > 1:
-        sch.vectorize(v_n)
-    init = sch.decompose_reduction(rf, ko)
-    if vec > 1:
-        sch.vectorize(sch.get_loops(init)[-1])
+        # one 128-bit load of the weight's vec columns a step, shared by the M rows; the float32
+        # math stays scalar (unrolled): CUDA codegen of float32x8 vectors is broken in TVM 0.27
+        # (a broadcast initialiser becomes make_ulonglong4 of 8 floats, which nvcc rejects)
+        w_index = [i for i, r in enumerate(sch.get(rf).reads) if r.source.same_as(form.weight)][0]
+        w_local = sch.cache_read(rf, w_index, "local")
+        sch.compute_at(w_local, ko, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(w_local)[-1])
+        sch.unroll(v_n)
+    sch.decompose_reduction(rf, ko)
     # the cross-thread sum over t_k, per row and column; the write-back block iterates
-    # (t_k, [unit batch,] rows, columns of the tile) under blockIdx.x
+    # (t_k, [unit batch/split,] rows, columns of the tile) under blockIdx.x
     sch.reverse_compute_at(block, bx, preserve_unit_loops=True)
     t_k2, *_, m2, c2 = sch.get_loops(block)[1:]
     t_n2, v_n2 = sch.split(c2, factors=[tn, vec], preserve_unit_iters=True)
     sch.reorder(t_n2, m2, v_n2, t_k2)
     sch.bind(t_n2, tag_n)
     sch.bind(t_k2, tag_k)
-    if epilogue is not None:
+    if final is not None:
+        # second kernel: one thread per output sums the ``split`` partials (in order)
+        spatial = _spatial_loops(sch, final)
+        fbx, ftx = sch.split(sch.fuse(*spatial), factors=[None, tn * tk])
+        sch.bind(fbx, "blockIdx.x")
+        sch.bind(ftx, "threadIdx.x")
+        if epilogue is not None:
+            sch.set_scope(final, 0, "local")
+            sch.reverse_compute_at(epilogue, ftx, preserve_unit_loops=True)
+    elif epilogue is not None:
         # the tile's sums go through shared memory, so all tn x tk threads run the epilogue
         sch.set_scope(block, 0, "shared")
         sch.reverse_compute_at(epilogue, bx, preserve_unit_loops=True)
@@ -220,6 +275,9 @@ WAVES = 2
 WARP = 32
 VECTOR_BYTES = 16  # one 128-bit load
 MAX_ACCUMULATORS = 128  # float32 partial sums a thread keeps (M x vec)
+WARPS_PER_SM = 16  # streaming warps an SM wants to hide HBM latency
+MIN_STEPS = 8  # reduction steps a lane keeps at least when the reduction is split over blocks
+MAX_PARTIAL_TRAFFIC = 1 / 8  # split partials' bytes (written + read) against the weight's
 
 
 def sm_count(target) -> int:
@@ -227,20 +285,29 @@ def sm_count(target) -> int:
 
 
 def plan(form: GemvForm, target) -> Tiling:
-    """Threads and vector width for ``form`` on ``target``: 32 lanes over the reduction, up to
-    4 warps over the columns, 128-bit column vectors when the columns are contiguous; halved
-    while the grid would leave SMs idle."""
+    """Threads, vector width and reduction split for ``form`` on ``target``.
+
+    A warp's 32 lanes split the reduction (so the final sums are shuffles); each lane keeps
+    M x vec float32 partials, with 128-bit column vectors when the columns are contiguous. The
+    grid then holds ``B x N / vec`` warps, too few to cover HBM latency for a single weight
+    matrix (N = 4096: 4 warps an SM): the reduction is split over blocks until about
+    ``WARPS_PER_SM`` warps an SM stream, keeping at least ``MIN_STEPS`` steps a lane and the
+    float32 partials' traffic under ``MAX_PARTIAL_TRAFFIC`` of the weight's bytes.
+    """
     tk = min(WARP, 1 << (max(form.K, 1).bit_length() - 1))
     vec = 1
-    if form.inner == "cols":
+    if form.inner == "cols" and form.aligned:
         vec = VECTOR_BYTES // (2 if form.dtype in NARROW_FLOATS else 4)
-        while vec > 1 and (form.N % vec or form.M * vec > MAX_ACCUMULATORS):
+        while vec > 1 and (form.N % vec or int(form.weight.shape[-1]) % vec or form.M * vec > MAX_ACCUMULATORS):
             vec //= 2
+    warps = form.B * -(-form.N // vec)
+    sms = sm_count(target)
+    split = 1
+    partial_cap = form.K * 2 * MAX_PARTIAL_TRAFFIC / (2 * 4 * max(form.M, 1))  # write + read, float32
+    while (warps * split < WARPS_PER_SM * sms and form.K // (tk * split * 2) >= MIN_STEPS
+           and split * 2 <= partial_cap):
+        split *= 2
     tn = 4
-    blocks = lambda: form.B * -(-form.N // (tn * vec))
-    want = WAVES * sm_count(target)
-    while tn > 1 and blocks() < want:
+    while tn > 1 and form.B * -(-form.N // (tn * vec)) * split < WAVES * sms:
         tn //= 2
-    while vec > 2 and blocks() < want:
-        vec //= 2
-    return Tiling(tn, tk, vec)
+    return Tiling(tn, tk, vec, split)
