@@ -123,6 +123,98 @@ def run_case(name, batch, args, target, dev, torch, deadline):
     return row
 
 
+# -- kernel sweep: evidence for the rules' default tilings -------------------------------------
+SWEEP_SPLITS = (1, 2, 4, 8, 16)
+SWEEP_TN = (2, 4)
+
+
+def fused_kernels(name, size, batch, target, dtype):
+    """The decode layer's PrimFuncs as the vtc pipeline hands them to the scheduler."""
+    from vtc_tvm.pipeline import _backend
+    from vtc_tvm.stores import VirtualTensorizeStores
+    from vtc_tvm.transform import VirtualTensorize
+
+    wl = WORKLOADS[name]
+    mod = wl.build(wl.config(size, batch, dtype))
+    passes = [p for p in _backend(target).legalize_passes(target) if p.info.name != "ApplyDefaultSchedule"]
+    passes.insert(next(i for i, p in enumerate(passes) if p.info.name == "FuseTIR") + 1, VirtualTensorizeStores(target))
+    with target:
+        mod = tvm.transform.Sequential(passes)(VirtualTensorize(target=target, memory_guard=True)(mod))
+    return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def _time_kernel(func, target, dev, number, repeat):
+    ex = tvm.compile(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target=target)
+    lib = ex.jit() if hasattr(ex, "jit") else ex
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(rng.uniform(-1, 1, [int(x) for x in p.shape]).astype(str(p.dtype)), dev)
+            for p in func.params]
+    te = lib.time_evaluator("k", dev, number=number, repeat=repeat)(*args)
+    return float(np.median(te.results)) * 1e6, sum(a.numpy().nbytes for a in args)
+
+
+def sweep_candidates(batch, size, target, rules=None):
+    """``{kernel: (info, {label: make scheduled PrimFunc})}`` for every kernel of the vtc decode
+    layer that our rules take (LowBatchGEMM with ``min_rows=1`` too, to compare with DLight's
+    GEMV at one row): DLight's schedule, the planned tiling and alternatives."""
+    from tvm.s_tir import dlight as dl
+
+    import vtc_tvm.schedules as S
+    from vtc_tvm.schedules import batched_gemv as G
+
+    rules = rules or [S.DecodeAttention(), S.LowBatchGEMM(min_rows=1)]
+    found = {}
+    for kname, func in fused_kernels("llama_decode", size, batch, target, "float16").items():
+        with target:
+            rule = next((r for r in rules if r.apply(func, target, False) is not None), None)
+        if rule is None:
+            continue
+        _, form, _ = G.prepare(func)
+        planned = G.plan(form, target)
+        info = {"rule": type(rule).__name__, "B": form.B, "M": form.M, "N": form.N, "K": form.K,
+                "inner": form.inner, "planned": str(planned)}
+        tilings = {"planned": planned}
+        for split in SWEEP_SPLITS:
+            for tn in SWEEP_TN:
+                tiling = G.Tiling(tn, planned.tk, planned.vec, split)
+                if tiling != planned:
+                    tilings[f"tn{tn}_split{split}"] = tiling
+
+        def dlight(func=func):
+            with target:
+                return dl.ApplyDefaultSchedule(*S.stock_rules(target))(tvm.IRModule({"main": func}))["main"]
+
+        makes = {"dlight": dlight}
+        for label, tiling in tilings.items():
+            makes[label] = lambda func=func, tiling=tiling: G.schedule(*G.prepare(func), tiling).mod["main"]
+        found[kname] = (info, makes)
+    return found
+
+
+def sweep(batch, args, target, dev, deadline):
+    """Each candidate of :func:`sweep_candidates` timed alone (microseconds, GB/s of its
+    inputs and outputs)."""
+    out = {}
+    for kname, (info, makes) in sweep_candidates(batch, args.size, target).items():
+        if time.time() > deadline:
+            out["skipped"] = "time budget spent"
+            break
+        row = out.setdefault(kname, dict(info))
+        for label, make in makes.items():
+            try:
+                with target:
+                    us, nbytes = _time_kernel(make(), target, dev, args.number * 2, args.repeat)
+                row[label] = {"us": round(us, 2), "GBps": round(nbytes / us / 1e3, 1)}
+            except Exception as err:  # noqa: BLE001 - recorded
+                row[label] = {"error": f"{type(err).__name__}: {str(err)[-200:]}"}
+        timed = [(v["us"], k) for k, v in row.items() if isinstance(v, dict) and "us" in v]
+        if timed:
+            row["best"] = min(timed)[1]
+        print(f"  sweep b{batch} {kname} {info['planned']}: dlight {row['dlight']}, planned {row['planned']}, "
+              f"best {row.get('best')} {min(timed) if timed else ''}", flush=True)
+    return out
+
+
 def table(rows) -> str:
     head = f"{'workload':<15}{'b':>3} {'floor ms':>9}" + "".join(f"{v:>22}" for v in VARIANTS)
     lines = [head, "  (each variant: median ms / rel. err vs float64)"]
@@ -149,6 +241,7 @@ def main(argv=None):
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=450.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--no-sweep", action="store_true", help="skip the per-kernel tiling sweep (cuda only)")
     args = ap.parse_args(argv)
 
     target = cuda_target() if args.target == "cuda" else tvm.target.Target("llvm")
@@ -159,11 +252,15 @@ def main(argv=None):
     for name in args.workloads:
         for batch in args.batch:
             rows.append(run_case(name, batch, args, target, dev, torch, deadline))
+    sweeps = {}
+    if args.target == "cuda" and not args.no_sweep:
+        for batch in args.batch:
+            sweeps[str(batch)] = sweep(batch, args, target, dev, deadline)
     result = {"target": str(target.kind.name), "arch": str(target.attrs.get("arch", "")),
               "device": torch.cuda.get_device_name(0) if torch is not None else str(dev),
               "tvm": tvm.__version__, "timing": f"time_evaluator number={args.number} repeat={args.repeat}, median",
               "command": " ".join(["python", "benchmarks/schedules_h200.py"] + (argv if argv is not None else sys.argv[1:])),
-              "rows": rows}
+              "rows": rows, "kernel_sweep": sweeps}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "schedules_h200.json")
     with open(path, "w") as f:

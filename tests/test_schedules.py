@@ -174,8 +174,6 @@ def test_split_tilings_preserve_semantics(make, tiling):
     """Reduction split over blocks (float32 partials + a second kernel), odd splits included."""
     func = make()
     sch, form, epilogue = batched_gemv.prepare(func)
-    if form.inner == "red":
-        tiling = batched_gemv.Tiling(tiling.tn, tiling.tk, 1, tiling.split)
     scheduled = batched_gemv.schedule(sch, form, epilogue, tiling).mod["main"]
     assert verify_well_formed(scheduled)
     arrays = _inputs(func, np.random.default_rng(11))
@@ -298,3 +296,18 @@ def test_h200_script_dry_run(tmp_path):
     for res in row["variants"].values():
         assert res["numerics_ok"] and res["ms"] > 0, res
     assert (tmp_path / "schedules_h200.json").exists()
+
+
+@pytest.mark.slow
+def test_h200_sweep_candidates_build_for_cuda():
+    """Every candidate of the H200 script's kernel sweep schedules and builds for CUDA (small
+    layer: the timing itself needs the GPU)."""
+    from benchmarks import schedules_h200
+
+    found = schedules_h200.sweep_candidates(2, "small", TARGET, rules=list(SMALL.values()))
+    assert {"DecodeAttention", "LowBatchGEMM"} <= {info["rule"] for info, _ in found.values()}
+    info, makes = next(iter(found.values()))
+    funcs = {label.replace("-", "_"): make().with_attr("global_symbol", label) for label, make in makes.items()}
+    with TARGET:
+        lib = tvm.tirx.build(tvm.IRModule(funcs), target=TARGET)
+    assert lib.imports[0].inspect_source().count("__global__") >= len(funcs)

@@ -228,7 +228,9 @@ def schedule(sch: s_tir.Schedule, form: GemvForm, epilogue, tiling: Tiling, unro
     sch.set_scope(rf, 0, "local")
     sch.annotate(ko, "pragma_auto_unroll_max_step", unroll)
     sch.annotate(ko, "pragma_unroll_explicit", 1)
-    if vec > 1:
+    if vec > 1 and form.inner == "red":
+        sch.unroll(v_n)  # independent columns: vec loads in flight a lane
+    elif vec > 1:
         # one 128-bit load of the weight's vec columns a step, shared by the M rows; the float32
         # math stays scalar (unrolled): CUDA codegen of float32x8 vectors is broken in TVM 0.27
         # (a broadcast initialiser becomes make_ulonglong4 of 8 floats, which nvcc rejects)
@@ -275,6 +277,7 @@ WAVES = 2
 WARP = 32
 VECTOR_BYTES = 16  # one 128-bit load
 MAX_ACCUMULATORS = 128  # float32 partial sums a thread keeps (M x vec)
+RED_COLUMNS = 8  # columns a warp sums at once when the reduction axis is the contiguous one
 WARPS_PER_SM = 16  # streaming warps an SM wants to hide HBM latency
 MIN_STEPS = 8  # reduction steps a lane keeps at least when the reduction is split over blocks
 MAX_PARTIAL_TRAFFIC = 1 / 8  # split partials' bytes (written + read) against the weight's
@@ -295,7 +298,8 @@ def plan(form: GemvForm, target) -> Tiling:
     float32 partials' traffic under ``MAX_PARTIAL_TRAFFIC`` of the weight's bytes.
     """
     tk = min(WARP, 1 << (max(form.K, 1).bit_length() - 1))
-    vec = 1
+    # q K^T style (reduction contiguous): a lane reads one element of each of vec columns a step
+    vec = max(1, min(RED_COLUMNS, MAX_ACCUMULATORS // max(form.M, 1))) if form.inner == "red" else 1
     if form.inner == "cols" and form.aligned:
         vec = VECTOR_BYTES // (2 if form.dtype in NARROW_FLOATS else 4)
         while vec > 1 and (form.N % vec or int(form.weight.shape[-1]) % vec or form.M * vec > MAX_ACCUMULATORS):
