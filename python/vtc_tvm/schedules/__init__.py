@@ -19,7 +19,7 @@ from .low_batch_gemm import LowBatchGEMM
 
 def stock_rules(target) -> list:
     """The DLight rules of the ``ApplyDefaultSchedule`` pass in TVM's pipeline for ``target``
-    (read from the backend's own ``legalize_passes``, not copied)."""
+    (read from the backend's own ``legalize_passes``, not copied; [] when it has none)."""
     from vtc_tvm.pipeline import _backend
 
     target = tvm.target.Target(target)

@@ -24,6 +24,7 @@ from tvm.s_tir.dlight.analysis import (collect_block_iter_vars_used_in_access_re
                                        normalize_prim_func)
 from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
 from tvm.s_tir.dlight.base import try_inline_contiguous_spatial
+from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
 from .accumulate import NARROW_FLOATS, needs_widening, reduction_update, widen_accumulator
 
@@ -162,6 +163,27 @@ def prepare(func: tirx.PrimFunc):
     if len(rest) == 2 and not (rest[0].is_reduction() and rest[1].is_injective()):
         return None
     return sch, form, epilogue
+
+
+class BatchedGEMVRule(GPUScheduleRule):
+    """A DLight rule that schedules the :class:`GemvForm` kernels its ``accepts`` admits with
+    :func:`schedule` and :func:`plan`; None ("not mine") for anything else, and for a kernel
+    a schedule primitive rejects (the next rule, DLight's, then takes it)."""
+
+    def accepts(self, form: GemvForm) -> bool:
+        raise NotImplementedError
+
+    def apply(self, func, target, _tunable):
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        try:
+            prepared = prepare(func)
+            if prepared is None or not self.accepts(prepared[1]):
+                return None
+            sch, form, epilogue = prepared
+            return schedule(sch, form, epilogue, plan(form, target))
+        except s_tir.ScheduleError:
+            return None
 
 
 def _spatial_loops(sch, block):

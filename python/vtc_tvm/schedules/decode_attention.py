@@ -16,12 +16,10 @@ shapes; the softmax between the GEMMs stays with DLight's reduction rules.
 
 from __future__ import annotations
 
-from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
-
 from . import batched_gemv
 
 
-class DecodeAttention(GPUScheduleRule):
+class DecodeAttention(batched_gemv.BatchedGEMVRule):
     """Batched-GEMV, float32-accumulating schedule of decode attention's two GEMMs."""
 
     def __init__(self, max_rows: int = 16, min_context: int = 256):
@@ -30,12 +28,3 @@ class DecodeAttention(GPUScheduleRule):
     def accepts(self, form: batched_gemv.GemvForm) -> bool:
         # the context is the column axis of q K^T and the reduction axis of probs V
         return form.B > 1 and form.M <= self.max_rows and max(form.N, form.K) >= self.min_context
-
-    def apply(self, func, target, _tunable):
-        if not self.is_target_available(target):
-            return None
-        prepared = batched_gemv.prepare(func)
-        if prepared is None or not self.accepts(prepared[1]):
-            return None
-        sch, form, epilogue = prepared
-        return batched_gemv.schedule(sch, form, epilogue, batched_gemv.plan(form, target))

@@ -15,12 +15,10 @@ weight has no batch axes and at least ``min_weight`` elements; 3. fp16/bf16 oper
 
 from __future__ import annotations
 
-from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
-
 from . import batched_gemv
 
 
-class LowBatchGEMM(GPUScheduleRule):
+class LowBatchGEMM(batched_gemv.BatchedGEMVRule):
     """Batched-GEMV schedule of a few-row GEMM against a weight matrix."""
 
     def __init__(self, min_rows: int = 2, max_rows: int = 64, min_weight: int = 1 << 20):
@@ -29,12 +27,3 @@ class LowBatchGEMM(GPUScheduleRule):
     def accepts(self, form: batched_gemv.GemvForm) -> bool:
         return (form.B == 1 and self.min_rows <= form.M <= self.max_rows
                 and form.N * form.K >= self.min_weight)
-
-    def apply(self, func, target, _tunable):
-        if not self.is_target_available(target):
-            return None
-        prepared = batched_gemv.prepare(func)
-        if prepared is None or not self.accepts(prepared[1]):
-            return None
-        sch, form, epilogue = prepared
-        return batched_gemv.schedule(sch, form, epilogue, batched_gemv.plan(form, target))
