@@ -5,18 +5,20 @@ number of axes per group, read through any index mapping) and classifies its axe
 (used by both operands), *rows* (``A`` only: the few rows), *cols* (``W`` only) and *red*.
 :func:`schedule` then reads each element of ``W`` once for all rows: every thread keeps one
 float32 accumulator per row (and per vector lane), the reduction is split over threads and
-summed across them at the end (``rfactor``), and ``W`` is loaded 128 bits at a time when its
-innermost axis is a column axis.
+summed across the lanes of a warp with shuffles (``rfactor``), optionally split over blocks
+(float32 partials summed by a second kernel: flash-decoding's split of a long context), and
+``W`` is loaded 128 bits at a time when its innermost axis is a column axis.
 
-Limits: 1. one reduction block, injective blocks around it only (inlined or an epilogue);
-2. static extents; 3. ``W``'s innermost index must be a single column or reduction axis.
+Limits: 1. one reduction block ``C = C + X`` of two fp16/bf16 reads, injective blocks around it
+only (inlined or one epilogue); 2. static extents; 3. ``W``'s innermost index must use one
+column or reduction axis; 4. tilings are planned from the SM count, not tuned.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional
 
 import tvm_ffi
 from tvm import s_tir, tirx
@@ -76,35 +78,26 @@ def match(sch: s_tir.Schedule, block) -> Optional[GemvForm]:
         return None
     used = [collect_block_iter_vars_used_in_access_region(stmt, r.region) for r in stmt.reads]
     out = collect_block_iter_vars_used_in_access_region(stmt, stmt.writes[0].region)
-    groups = {"batch": [], "rows": [], "cols": [], "red": []}
+    batch, red, own = [], [], ([], [])  # own[i]: spatial axes only operand i reads
     for pos, iv in enumerate(stmt.iter_vars):
         a, w = iv.var in used[0], iv.var in used[1]
         if iv.iter_type == tirx.IterVar.CommReduce:
             if not (a and w) or iv.var in out:
                 return None
-            groups["red"].append(pos)
+            red.append(pos)
         elif iv.iter_type != tirx.IterVar.DataPar or iv.var not in out:
             return None
-        elif a and w:
-            groups["batch"].append(pos)
+        elif a and w or not (a or w) and int(iv.dom.extent) == 1:
+            batch.append(pos)
         elif a or w:
-            groups["rows" if a else "cols"].append((pos, 0 if a else 1))
-        elif int(iv.dom.extent) != 1:
+            own[0 if a else 1].append(pos)
+        else:  # an output axis neither operand reads (a broadcast): not a GEMM
             return None
-        else:
-            groups["batch"].append(pos)
-    # The weight is the operand without the row axes; the rows are the other operand's own axes.
-    sides = {side for _, side in groups["rows"] + groups["cols"]}
-    if len(sides) != 2 and groups["rows"] + groups["cols"]:
-        pass
-    a_own = [p for p, side in groups["rows"] + groups["cols"] if side == 0]
-    w_own = [p for p, side in groups["rows"] + groups["cols"] if side == 1]
     ext = lambda ps: _product([stmt.iter_vars[p].dom.extent for p in ps])
-    if ext(a_own) > ext(w_own):  # the operand with the smaller own extent holds the rows
-        a_own, w_own, weight_idx = w_own, a_own, 0
-    else:
-        weight_idx = 1
-    if not w_own or not groups["red"]:
+    # the weight is the operand with the larger own extent; the other one's own axes are the rows
+    weight_idx = 0 if ext(own[0]) > ext(own[1]) else 1
+    w_own, a_own = own[weight_idx], own[1 - weight_idx]
+    if not w_own or not red:
         return None
     weight = stmt.reads[weight_idx]
     last = collect_block_iter_vars_used_in_access_region(stmt, [weight.region[-1]])
@@ -115,7 +108,7 @@ def match(sch: s_tir.Schedule, block) -> Optional[GemvForm]:
     (inner,) = inner_pos
     if inner in w_own:
         kind = "cols"
-    elif inner in groups["red"]:
+    elif inner in red:
         kind = "red"
     else:
         return None
@@ -123,8 +116,8 @@ def match(sch: s_tir.Schedule, block) -> Optional[GemvForm]:
     # in a buffer with no element offset
     aligned = (kind == "cols" and inner == w_own[-1] and isinstance(weight.region[-1].min, tirx.Var)
                and isinstance(weight.source.elem_offset, tirx.IntImm) and int(weight.source.elem_offset) == 0)
-    return GemvForm(stmt.name_hint, tuple(groups["batch"]), tuple(a_own), tuple(w_own), tuple(groups["red"]),
-                    ext(groups["batch"]), ext(a_own), ext(w_own), ext(groups["red"]), weight.source,
+    return GemvForm(stmt.name_hint, tuple(batch), tuple(a_own), tuple(w_own), tuple(red),
+                    ext(batch), ext(a_own), ext(w_own), ext(red), weight.source,
                     kind, dtypes.pop(), aligned)
 
 
