@@ -125,7 +125,7 @@ def run_case(name, batch, args, target, dev, torch, deadline):
 
 # -- kernel sweep: evidence for the rules' default tilings -------------------------------------
 SWEEP_SPLITS = (1, 2, 4, 8, 16)
-SWEEP_TN = (2, 4)
+SWEEP_TN = (2, 4)  # warps along the columns when the lanes run along the reduction
 
 
 def fused_kernels(name, size, batch, target, dtype):
@@ -175,10 +175,12 @@ def sweep_candidates(batch, size, target, rules=None):
                 "inner": form.inner, "planned": str(planned)}
         tilings = {"planned": planned}
         for split in SWEEP_SPLITS:
-            for tn in SWEEP_TN:
-                tiling = G.Tiling(tn, planned.tk, planned.vec, split)
-                if tiling != planned:
-                    tilings[f"tn{tn}_split{split}"] = tiling
+            for tn in SWEEP_TN:  # lanes along the reduction, tn warps along the columns
+                tilings[f"red_tn{tn}_split{split}"] = G.Tiling(tn, min(32, form.K), planned.vec, split, "red")
+            if form.inner == "cols":  # lanes along the columns, 8 warps along the reduction
+                tilings[f"cols_split{split}"] = G.Tiling(min(32, -(-form.N // planned.vec)), min(8, form.K),
+                                                         planned.vec, split, "cols")
+        tilings = {k: t for k, t in tilings.items() if k == "planned" or t != planned}
 
         def dlight(func=func):
             with target:

@@ -22,7 +22,8 @@ from vtc_tvm.pipeline import _backend, cuda_target, stock_vtc_schedules_pipeline
 from vtc_tvm.schedules import batched_gemv
 
 TARGET = cuda_target()
-SMALL = dict(gemm=S.LowBatchGEMM(min_weight=1), attn=S.DecodeAttention(min_context=8))
+SMALL = dict(gemm=S.LowBatchGEMM(min_weight=1), attn=S.DecodeAttention(min_context=8),
+             gemm1=S.LowBatchGEMM(min_rows=1, min_weight=1))
 
 
 # -- kernels -----------------------------------------------------------------------------------
@@ -148,6 +149,7 @@ def _inputs(func, rng):
 
 @pytest.mark.parametrize("rule,make", [
     ("gemm", lambda: projection(M=4, K=256, N=128, epilogue=True)),
+    ("gemm1", lambda: projection(M=1, K=512, N=256, epilogue=True)),  # lanes along the columns
     ("gemm", lambda: projection(M=3, K=96, N=40, w_nk=True)),
     ("gemm", lambda: mapped_projection()),
     ("attn", lambda: gqa_scores()),
@@ -167,7 +169,8 @@ def test_schedule_preserves_semantics(rule, make):
 
 
 @pytest.mark.parametrize("tiling", [batched_gemv.Tiling(2, 8, 2, 3), batched_gemv.Tiling(1, 32, 1, 2),
-                                    batched_gemv.Tiling(4, 4, 4, 1)])
+                                    batched_gemv.Tiling(4, 4, 4, 1), batched_gemv.Tiling(8, 4, 2, 1, "cols"),
+                                    batched_gemv.Tiling(16, 2, 1, 3, "cols")])
 @pytest.mark.parametrize("make", [lambda: projection(M=4, K=256, N=128, epilogue=True), lambda: gqa_values(),
                                   lambda: gqa_scores(T=80, D=64)])
 def test_split_tilings_preserve_semantics(make, tiling):
@@ -192,6 +195,13 @@ def test_unaligned_weight_reads_are_not_vectorised():
     assert not form.aligned and batched_gemv.plan(form, TARGET).vec == 1
     sch, form, _ = batched_gemv.prepare(projection(M=4, K=256, N=128))
     assert form.aligned and batched_gemv.plan(form, TARGET).vec == 8
+
+
+def test_plan_lane_orientation():
+    """One row (batch-1 GEMV): lanes along the contiguous columns; 16 rows: along the reduction."""
+    _, one, _ = batched_gemv.prepare(projection(M=1, K=4096, N=4096))
+    _, many, _ = batched_gemv.prepare(projection(M=16, K=4096, N=4096))
+    assert batched_gemv.plan(one, TARGET).lanes == "cols" and batched_gemv.plan(many, TARGET).lanes == "red"
 
 
 def test_float32_accumulation_is_more_accurate():

@@ -53,12 +53,16 @@ class GemvForm:
 @dataclass(frozen=True)
 class Tiling:
     """``tn`` x ``tk`` threads a block, ``vec`` columns a thread, the reduction split over
-    ``split`` blocks (flash-decoding style: float32 partials, then a second kernel sums them)."""
+    ``split`` blocks (flash-decoding style: float32 partials, then a second kernel sums them).
+    ``lanes``: what a warp's lanes (threadIdx.x) run along: "red" (the reduction: the final sums
+    are shuffles) or "cols" (the columns: a warp reads one contiguous weight row segment; the
+    final sums go through shared memory, fine for the few partials of M x vec <= 8)."""
 
     tn: int
     tk: int
     vec: int
     split: int = 1
+    lanes: str = "red"
 
 
 def _product(extents):
@@ -214,10 +218,10 @@ def schedule(sch: s_tir.Schedule, form: GemvForm, epilogue, tiling: Tiling, unro
     n = _group_loop(sch, block, by_pos(form.cols))
     k = _group_loop(sch, block, by_pos(form.red))
     tn, tk, vec, split = tiling.tn, tiling.tk, tiling.vec, tiling.split
-    # The reduction is split over the lanes of a warp (threadIdx.x, tk <= 32), so the final
-    # cross-thread sum of the M x vec partials is warp shuffles without block barriers (a
-    # shared-memory tree per value costs ~6 barriers each: 768 for M = 16, vec = 8).
-    tag_n, tag_k = "threadIdx.y", "threadIdx.x"
+    # Lanes along the reduction (threadIdx.x, tk <= 32): the final cross-thread sum of the
+    # M x vec partials is warp shuffles without block barriers (a shared-memory tree per value
+    # costs ~6 barriers each: 768 for M = 16, vec = 8). Lanes along the columns: coalesced rows.
+    tag_n, tag_k = ("threadIdx.y", "threadIdx.x") if tiling.lanes == "red" else ("threadIdx.x", "threadIdx.y")
     nb, t_n, v_n = sch.split(n, factors=[None, tn, vec], preserve_unit_iters=True)
     ko, t_k = sch.split(k, factors=[None, tk], preserve_unit_iters=True)
     final = None
@@ -277,7 +281,7 @@ def schedule(sch: s_tir.Schedule, form: GemvForm, epilogue, tiling: Tiling, unro
         sch.set_scope(block, 0, "shared")
         sch.reverse_compute_at(epilogue, bx, preserve_unit_loops=True)
         flat = sch.fuse(*sch.get_loops(epilogue)[1:])
-        _, ty, tx = sch.split(flat, factors=[None, tn, tk])
+        _, ty, tx = sch.split(flat, factors=[None, tn, tk] if tiling.lanes == "red" else [None, tk, tn])
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
     return sch
@@ -293,6 +297,8 @@ WARP = 32
 VECTOR_BYTES = 16  # one 128-bit load
 MAX_ACCUMULATORS = 128  # float32 partial sums a thread keeps (M x vec)
 RED_COLUMNS = 8  # columns a warp sums at once when the reduction axis is the contiguous one
+LANES_ON_COLS_MAX_PARTIALS = 8  # M x vec up to which lanes run along the columns
+COLS_WARPS = 8  # warps along the reduction when lanes run along the columns
 WARPS_PER_SM = 16  # streaming warps an SM wants to hide HBM latency
 MIN_STEPS = 8  # reduction steps a lane keeps at least when the reduction is split over blocks
 MAX_PARTIAL_TRAFFIC = 1 / 8  # split partials' bytes (written + read) against the weight's
@@ -312,21 +318,26 @@ def plan(form: GemvForm, target) -> Tiling:
     ``WARPS_PER_SM`` warps an SM stream, keeping at least ``MIN_STEPS`` steps a lane and the
     float32 partials' traffic under ``MAX_PARTIAL_TRAFFIC`` of the weight's bytes.
     """
-    tk = min(WARP, 1 << (max(form.K, 1).bit_length() - 1))
     # q K^T style (reduction contiguous): a lane reads one element of each of vec columns a step
     vec = max(1, min(RED_COLUMNS, MAX_ACCUMULATORS // max(form.M, 1))) if form.inner == "red" else 1
     if form.inner == "cols" and form.aligned:
         vec = VECTOR_BYTES // (2 if form.dtype in NARROW_FLOATS else 4)
         while vec > 1 and (form.N % vec or int(form.weight.shape[-1]) % vec or form.M * vec > MAX_ACCUMULATORS):
             vec //= 2
-    warps = form.B * -(-form.N // vec)
+    pow2_le = lambda n, cap: min(cap, 1 << (max(n, 1).bit_length() - 1))
+    if form.inner == "cols" and form.M * vec <= LANES_ON_COLS_MAX_PARTIALS:
+        # few partials a thread (one row: batch-1 GEMV, expanded-cache attention): lanes along
+        # the contiguous columns, warps along the reduction
+        lanes, tn, tk = "cols", pow2_le(-(-form.N // vec), WARP), pow2_le(form.K, COLS_WARPS)
+    else:
+        lanes, tn, tk = "red", 4, pow2_le(form.K, WARP)
+    warps = form.B * -(-form.N // vec) * tk / WARP
     sms = sm_count(target)
     split = 1
     partial_cap = form.K * 2 * MAX_PARTIAL_TRAFFIC / (2 * 4 * max(form.M, 1))  # write + read, float32
     while (warps * split < WARPS_PER_SM * sms and form.K // (tk * split * 2) >= MIN_STEPS
            and split * 2 <= partial_cap):
         split *= 2
-    tn = 4
-    while tn > 1 and form.B * -(-form.N // (tn * vec)) * split < WAVES * sms:
+    while lanes == "red" and tn > 1 and form.B * -(-form.N // (tn * vec)) * split < WAVES * sms:
         tn //= 2
-    return Tiling(tn, tk, vec, split)
+    return Tiling(tn, tk, vec, split, lanes)
