@@ -155,14 +155,13 @@ def _time_kernel(func, target, dev, number, repeat):
 
 def sweep_candidates(batch, size, target, rules=None):
     """``{kernel: (info, {label: make scheduled PrimFunc})}`` for every kernel of the vtc decode
-    layer that our rules take (LowBatchGEMM with ``min_rows=1`` too, to compare with DLight's
-    GEMV at one row): DLight's schedule, the planned tiling and alternatives."""
+    layer that our rules take: DLight's schedule, the planned tiling and alternatives."""
     from tvm.s_tir import dlight as dl
 
     import vtc_tvm.schedules as S
     from vtc_tvm.schedules import batched_gemv as G
 
-    rules = rules or [S.DecodeAttention(), S.LowBatchGEMM(min_rows=1)]
+    rules = rules or S.our_rules(target)
     found = {}
     for kname, func in fused_kernels("llama_decode", size, batch, target, "float16").items():
         with target:

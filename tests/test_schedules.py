@@ -23,7 +23,7 @@ from vtc_tvm.schedules import batched_gemv
 
 TARGET = cuda_target()
 SMALL = dict(gemm=S.LowBatchGEMM(min_weight=1), attn=S.DecodeAttention(min_context=8),
-             gemm1=S.LowBatchGEMM(min_rows=1, min_weight=1))
+             gemm1=S.LowBatchGEMM(min_weight=1))
 
 
 # -- kernels -----------------------------------------------------------------------------------
@@ -92,10 +92,11 @@ def test_low_batch_gemm_takes_projections(make):
                                                       "max_shared_memory_per_block": 48 * 1024})
 
 
-@pytest.mark.parametrize("make", [lambda: projection(M=65), lambda: projection(M=1),
-                                  lambda: projection(dtype="float32"), lambda: gqa_scores()])
+@pytest.mark.parametrize("make", [lambda: projection(M=65), lambda: projection(dtype="float32"),
+                                  lambda: gqa_scores()])
 def test_low_batch_gemm_declines(make):
     assert _schedule(SMALL["gemm"], make()) is None
+    assert _schedule(S.LowBatchGEMM(min_rows=2, min_weight=1), projection(M=1)) is None
 
 
 def test_low_batch_gemm_default_threshold_declines_small_weights():

@@ -8,7 +8,11 @@ index mapping, e.g. a virtual tensor's ``A[b, k // 128, 0, k % 128]``) as a batc
 each weight element is loaded once, 128 bits at a time, for all M rows, which sit in float32
 registers (:mod:`vtc_tvm.schedules.batched_gemv`).
 
-Limits: 1. ``min_rows <= M <= max_rows`` (default 2..64: one row is DLight's GEMV); 2. the
+One row (batch-1 decode) is taken too: DLight schedules ``[1, K] x [K, N]`` with its Reduction
+rule, 2-byte loads and a 16-bit running sum of K / 16 terms a thread (TVM 0.27, read from its
+CUDA output); here lanes run along the contiguous columns with 128-bit loads.
+
+Limits: 1. ``min_rows <= M <= max_rows`` (default 1..64); 2. the
 weight has no batch axes and at least ``min_weight`` elements; 3. fp16/bf16 operands;
 4. static shapes; 5. one reduction block plus injective blocks (inlined or one epilogue).
 """
@@ -21,7 +25,7 @@ from . import batched_gemv
 class LowBatchGEMM(batched_gemv.BatchedGEMVRule):
     """Batched-GEMV schedule of a few-row GEMM against a weight matrix."""
 
-    def __init__(self, min_rows: int = 2, max_rows: int = 64, min_weight: int = 1 << 20):
+    def __init__(self, min_rows: int = 1, max_rows: int = 64, min_weight: int = 1 << 20):
         self.min_rows, self.max_rows, self.min_weight = min_rows, max_rows, min_weight
 
     def accepts(self, form: batched_gemv.GemvForm) -> bool:
