@@ -246,6 +246,8 @@ def test_default_rules_are_ours_then_tvms():
 
 def test_pipelines_registered_and_checked():
     assert "stock_vtc_schedules" in relax.pipeline.PIPELINE_MAP
+    assert relax.get_pipeline("stock_vtc_schedules", target=TARGET).info.name == "stock_vtc_schedules"
+    assert relax.get_pipeline("vtc", target=TARGET, schedules="vtc").info.name == "vtc_pipeline"
     with pytest.raises(ValueError, match="schedules"):
         vtc_pipeline(TARGET, schedules="fast")
 

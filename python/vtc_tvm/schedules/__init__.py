@@ -3,9 +3,14 @@
 ``default_rules(target)`` is our rules followed by exactly the rule list of TVM's own CUDA
 pipeline; ``ApplySchedules(target)`` is ``dlight.ApplyDefaultSchedule`` over that list.
 
-* :class:`LowBatchGEMM` (:mod:`.low_batch_gemm`): M <= 64 projections as batched GEMVs
+* :class:`LowBatchGEMM` (:mod:`.low_batch_gemm`): 1 <= M <= 64 projections as batched GEMVs
 * :class:`DecodeAttention` (:mod:`.decode_attention`): q K^T and probs V over a KV cache
 * :func:`widen_accumulator` (:mod:`.accumulate`): the float32-accumulation TIR rewrite both use
+* :mod:`.batched_gemv`: the shared matcher, schedule and tiling plan (target data: SM counts)
+
+Opt-in: ``vtc_pipeline(target, schedules="vtc")`` or the ``"stock_vtc_schedules"`` pipeline;
+the default stays DLight's until H200 timings (``benchmarks/schedules_h200.py``) show ours
+never lose.
 """
 
 from __future__ import annotations
