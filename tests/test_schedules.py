@@ -324,3 +324,12 @@ def test_h200_sweep_candidates_build_for_cuda():
     with TARGET:
         lib = tvm.tirx.build(tvm.IRModule(funcs), target=TARGET)
     assert lib.imports[0].inspect_source().count("__global__") >= len(funcs)
+
+
+def test_h200_kernel_timer_runs_on_llvm():
+    """The sweep's one-kernel timer (tvm.compile of a PrimFunc + time_evaluator) works; on the
+    H200 it times the CUDA kernels."""
+    from benchmarks.schedules_h200 import _time_kernel
+
+    us, nbytes = _time_kernel(projection(M=2, K=64, N=32), tvm.target.Target("llvm"), tvm.cpu(), 2, 2)
+    assert us > 0 and nbytes == (2 * 64 + 64 * 32 + 2 * 32) * 2
