@@ -9,6 +9,7 @@ import tvm
 from tvm import relax
 
 PIPELINE_NAME = "vtc"
+TUNING_PIPELINE_NAME = "vtc_tuning"
 
 
 def _backend(target: tvm.target.Target):
@@ -85,9 +86,18 @@ def store_side_pipeline(target, report=None) -> tvm.transform.Pass:
     return _in_target(target, backend_passes(target, True, report), "store_side_pipeline")
 
 
+def _tuning_pipeline(**kwargs) -> tvm.transform.Pass:
+    """``"vtc_tuning"``: :func:`vtc_tvm.tuning.tuning_pipeline` (imported on use: no import cycle)."""
+    from .tuning import tuning_pipeline
+
+    return tuning_pipeline(**kwargs)
+
+
 def register():
     if PIPELINE_NAME not in relax.pipeline.PIPELINE_MAP:
         relax.register_pipeline(PIPELINE_NAME)(vtc_pipeline)
+    if TUNING_PIPELINE_NAME not in relax.pipeline.PIPELINE_MAP:
+        relax.register_pipeline(TUNING_PIPELINE_NAME)(_tuning_pipeline)
 
 
 def cuda_target(arch: str = "sm_90") -> tvm.target.Target:
