@@ -54,8 +54,10 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="also write the rows as JSON")
     args = ap.parse_args(argv)
 
-    import torch
-
+    try:
+        import torch
+    except ImportError:
+        sys.exit("peer_check needs PyTorch (and a CUDA GPU)")
     if not torch.cuda.is_available():
         sys.exit("peer_check needs a CUDA GPU")
     from .timing import time_callable
