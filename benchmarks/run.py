@@ -10,11 +10,14 @@ vtc-tvm (``vtc_pipeline``) with the same scheduler (DLight, or MetaSchedule ``ms
 :mod:`benchmarks.tuning`, one database per workload in ``--tuning-dir``/<workload>, every case's
 kernels tuned up front); count kernels and data-movement kernels; check vtc against stock (rel L2;
 fp16 < 1e-2, fp32 < 1e-4) and, with torch on the GPU, stock, vtc and torch against the torch twin
-run in float64 (for fp16, ``numerics_ok`` is vtc vs float64 < 1e-2); time both (median of
-``--repeat`` calls after a warm-up, CUDA events, inputs rotated over enough copies to exceed 2x
-the L2); per-kernel GPU time (CUPTI via
-torch.profiler) split into data movement vs compute; peak memory of one call; and PyTorch eager /
-torch.compile on the same function and weights. ``--dry`` only compiles (no device needed).
+run in float64 (for fp16, ``numerics_ok`` is vtc vs float64 < 1e-2); time both with
+:func:`benchmarks.timing.time_callable`, the one timing function of TVM and torch alike (median of
+``--repeat`` measurements of back-to-back calls, activations rotated over copies exceeding 2x the
+L2, L2 flushed before each measurement); per-kernel GPU time (CUPTI via
+torch.profiler) split into data movement vs compute; peak memory of one call; and PyTorch on the
+same function and weights, timed the same way: eager, torch.compile default, max-autotune and CUDA
+graphs (``--torch-modes``), each failure recorded, and their best. ``--dry`` only compiles (no
+device needed).
 
 Memory: ``*_peak_mib`` is measured on CUDA as the drop of ``dev.available_global_memory`` over
 one call of a fresh VM after the pooled allocator was cleared (pool growth: intermediates +
@@ -28,7 +31,6 @@ import argparse
 import datetime
 import importlib
 import json
-import math
 import os
 import subprocess
 import sys
@@ -47,14 +49,14 @@ from vtc_tvm.report import kernel_census, uses_tensor_cores
 from vtc_tvm.transform import VirtualTensorize
 
 from . import tuning
+from .timing import cache_bytes, copies_for, rotation, time_callable
 from .whole_models import WHOLE_WORKLOADS
-from .workloads import WORKLOADS, load_torch, torch_module
+from .workloads import WORKLOADS, is_weight, load_torch, torch_module
 
 SUITES = {"paper": ["llama_decode", "llama_prefill", "gemma2_decode", "effvit_attn", "yolo_c3k2",
                     "shufflenet_unit", "shufflenet_v2"],
           "whole": list(WHOLE_WORKLOADS)}  # whole ONNX models (benchmarks/whole_models.py), no torch twin
 CASES = {**WORKLOADS, **WHOLE_WORKLOADS}
-L2_BYTES = 50 * 2 ** 20
 MIB = 2 ** 20
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -139,42 +141,6 @@ def _torch():
 
 def _nbytes(arrays):
     return sum(a.nbytes for a in arrays)
-
-
-def copies(arrays, max_copies=64) -> int:
-    """How many copies of one input set make a rotation over more than 2x the L2 (1 if it is larger)."""
-    return 1 if _nbytes(arrays) >= L2_BYTES else min(max_copies, math.ceil(2 * L2_BYTES / max(_nbytes(arrays), 1)))
-
-
-def rotation(arrays, dev):
-    """Device copies of one input set (distinct buffers, same values) to rotate over."""
-    return [[tvm.runtime.tensor(a, dev) for a in arrays] for _ in range(copies(arrays))]
-
-
-def time_calls(call, sets, repeat, warmup=None, torch=None, dev=None):
-    """Median ms of ``call(*set)`` over ``repeat`` calls, rotating ``sets``; CUDA events when torch is
-    there (each call between two events on the default stream), else wall clock around a sync."""
-    for i in range(min(10, repeat) if warmup is None else warmup):
-        call(*sets[i % len(sets)])
-    if torch is not None:
-        torch.cuda.synchronize()
-        ev = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeat)]
-        for i, (a, b) in enumerate(ev):
-            a.record()
-            call(*sets[i % len(sets)])
-            b.record()
-        torch.cuda.synchronize()
-        return float(np.median([a.elapsed_time(b) for a, b in ev]))
-    times = []
-    for i in range(repeat):
-        if dev is not None:
-            dev.sync()
-        t0 = time.perf_counter()
-        call(*sets[i % len(sets)])
-        if dev is not None:
-            dev.sync()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times))
 
 
 def gpu_kernel_us(call, sets, torch, iters=20):
@@ -301,7 +267,9 @@ def run_case(wl, batch, args, target, dev, torch):
     seed = zlib.crc32(f"{wl.name}/{batch}/{time.time_ns()}".encode())  # fresh every run
     inputs = wl.inputs(mod, cfg, seed)
     row["input_mib"] = _nbytes(inputs) / MIB
-    sets = rotation(inputs, dev) if gpu else [[tvm.runtime.tensor(a, dev) for a in inputs]]
+    # activations rotated over distinct copies, one copy of the weights (as the torch module holds them)
+    sets = rotation(inputs, lambda a: tvm.runtime.tensor(a, dev), device=dev,
+                    shared=[is_weight(p.name) for p in mod["main"].params])
     row["rotated_sets"] = len(sets)
     vms = {v: relax.VirtualMachine(exes[v], dev) for v in exes}
     outs = {v: _flat(vms[v]["main"](*sets[0])) for v in vms}
@@ -310,14 +278,16 @@ def run_case(wl, batch, args, target, dev, torch):
     row["numerics_ok"] = bool(row["max_rel_err"] < tol)
     ref = outs["stock"]
 
-    # Latency (median over repeat), and time_evaluator as a cross-check (no rotation).
+    # Latency (the VM function called in a loop, exactly as the torch peers' forward below), and
+    # time_evaluator as a cross-check (no rotation).
     for v, vm in vms.items():
-        f = vm["main"]
-        row[f"{v}_ms"] = time_calls(f, sets, args.repeat, torch=torch if gpu else None, dev=dev)
+        timing = time_callable(vm["main"], sets, device=dev, repeat=args.repeat)
+        row[f"{v}_ms"] = timing.median_ms
+        row[f"{v}_timing"] = timing.as_dict()
         te = vm.time_evaluator("main", dev, number=1, repeat=args.repeat)(*sets[0])
         row[f"{v}_ms_time_evaluator"] = float(np.median(te.results)) * 1e3
     row["speedup"] = row["stock_ms"] / row["vtc_ms"] if row["vtc_ms"] else None
-    row["timing"] = "cuda events (torch), median" if (gpu and torch) else "wall clock around sync, median"
+    row["timing"] = f"benchmarks.timing.time_callable: {timing.method}, median of {args.repeat} measurements"
 
     # Per-kernel GPU time, split into data movement / compute.
     if gpu and torch is not None:
@@ -388,10 +358,23 @@ def fp64_reference(wl, cfg, mod, inputs, torch, device="cuda"):
             torch.cuda.empty_cache()
 
 
+TORCH_MODES = {  # --torch-modes name: (result key prefix, torch.compile arguments; None: eager)
+    "eager": ("torch_eager", None),
+    "compile": ("torch_compile", {}),
+    "max-autotune": ("torch_compile_max_autotune", {"mode": "max-autotune"}),
+    "cudagraphs": ("torch_compile_cudagraphs", {"mode": "reduce-overhead"}),
+}
+
+
 def _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch, ref64=None):
+    """The torch twin as eager, torch.compile default, max-autotune and CUDA graphs (``args.torch_modes``),
+    each timed by :func:`time_callable` like the TVM side (a failing mode is recorded, not fatal),
+    and the best of them (``torch_best_ms``, ``torch_best_mode``)."""
     module, acts = load_torch(torch_module(wl, cfg), mod, inputs, device="cuda")
     module.eval()
-    act_sets = [acts] + [[a.clone() for a in acts] for _ in range(copies(inputs) - 1)]
+    act_bytes = sum(a.nbytes for p, a in zip(mod["main"].params, inputs) if not is_weight(p.name))
+    n_sets = copies_for(act_bytes, cache_bytes("cuda"))
+    act_sets = [acts] + [[a.clone() for a in acts] for _ in range(n_sets - 1)]
     with torch.no_grad():
         out = module(*acts)
         flat = _flat(out)
@@ -406,26 +389,37 @@ def _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch, ref64=None):
         module(*acts)
         torch.cuda.synchronize()
         row["torch_eager_peak_mib"] = (torch.cuda.max_memory_allocated() - base) / MIB
-        row["torch_eager_ms"] = time_calls(module, act_sets, args.repeat, torch=torch)
-        modes = [] if args.no_torch_compile else [("torch_compile", {})]
-        if args.max_autotune:
-            modes.append(("torch_compile_max_autotune", {"mode": "max-autotune-no-cudagraphs"}))
-        if getattr(args, "cuda_graphs", False):  # launch overhead gone: what eager/compile lose at batch 1
-            modes.append(("torch_compile_cudagraphs", {"mode": "reduce-overhead"}))
-        for key, kw in modes:
-            torch._dynamo.reset()
-            t0 = time.time()
-            compiled = torch.compile(module, **kw)
-            compiled(*acts)
-            torch.cuda.synchronize()
-            row[f"{key}_compile_s"] = round(time.time() - t0, 1)
-            row[f"{key}_ms"] = time_calls(compiled, act_sets, args.repeat, torch=torch)
-            flat = _flat(compiled(*acts))
-            row[f"{key}_rel_err_vs_stock"] = rel_l2(flat, ref)
-            if ref64 is not None:
-                row[f"{key}_rel_err_fp64"] = rel_l2(flat, ref64)
-            del flat
+        for mode in args.torch_modes:
+            key, kw = TORCH_MODES[mode]
+            try:
+                fn = module
+                if kw is not None:
+                    torch._dynamo.reset()
+                    t0 = time.time()
+                    fn = torch.compile(module, **kw)
+                    fn(*acts)
+                    torch.cuda.synchronize()
+                    row[f"{key}_compile_s"] = round(time.time() - t0, 1)
+                timing = time_callable(fn, act_sets, device="cuda", repeat=args.repeat)
+                row[f"{key}_ms"] = timing.median_ms
+                row[f"{key}_timing"] = timing.as_dict()
+                if kw is not None:
+                    flat = _flat(fn(*acts))
+                    row[f"{key}_rel_err_vs_stock"] = rel_l2(flat, ref)
+                    if ref64 is not None:
+                        row[f"{key}_rel_err_fp64"] = rel_l2(flat, ref64)
+                    del flat
+            except Exception as err:  # noqa: BLE001 - a failing mode is a result
+                traceback.print_exc()
+                row[f"{key}_error"] = f"{type(err).__name__}: {str(err)[:300]}"
+            torch.cuda.empty_cache()
+    timed = {mode: row[TORCH_MODES[mode][0] + "_ms"] for mode in args.torch_modes
+             if row.get(TORCH_MODES[mode][0] + "_ms") is not None}
+    if timed:
+        row["torch_best_mode"] = min(timed, key=timed.get)
+        row["torch_best_ms"] = timed[row["torch_best_mode"]]
     del module, act_sets, acts
+    torch._dynamo.reset()
     torch.cuda.empty_cache()
 
 
@@ -433,6 +427,7 @@ def _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch, ref64=None):
 # Reporting
 # ----------------------------------------------------------------------------------------------
 KEYS = ["workload", "batch", "scheduler", "trials", "stock_ms", "vtc_ms", "torch_eager_ms", "torch_compile_ms",
+        "torch_best_ms",
         "stock_peak_mib", "vtc_peak_mib", "stock_kernels", "vtc_kernels", "stock_dm_us", "vtc_dm_us", "max_rel_err",
         "vtc_rel_err_fp64"]
 
@@ -452,6 +447,8 @@ def table(rows) -> str:
             ("eager ms", lambda r: _f(r.get("torch_eager_ms"))),
             ("compile ms", lambda r: _f(r.get("torch_compile_ms"))),
             ("graphs ms", lambda r: _f(r.get("torch_compile_cudagraphs_ms"))),
+            ("torch best ms", lambda r: _f(r.get("torch_best_ms")) + (f" ({r['torch_best_mode']})"
+                                                                      if r.get("torch_best_mode") else "")),
             ("kernels s/v", lambda r: f"{_f(r.get('stock_kernels'))}/{_f(r.get('vtc_kernels'))}"),
             ("dm kern s/v", lambda r: f"{_f(r.get('stock_dm_kernels'))}/{_f(r.get('vtc_dm_kernels'))}"),
             ("dm us s/v", lambda r: f"{_f(r.get('stock_dm_us'), '{:.1f}')}/{_f(r.get('vtc_dm_us'), '{:.1f}')}"),
@@ -587,16 +584,20 @@ def main(argv=None):
     ap.add_argument("--dry", action="store_true", help="compile only, no device needed")
     ap.add_argument("--no-torch", action="store_true", help="skip the PyTorch peers")
     ap.add_argument("--no-torch-compile", action="store_true", help="torch eager only")
+    ap.add_argument("--torch-modes", nargs="+", choices=sorted(TORCH_MODES), default=list(TORCH_MODES),
+                    help="the torch peers to time (default all: eager, compile, max-autotune, cudagraphs)")
     ap.add_argument("--vtc-profile", action="store_true",
                     help="VirtualTensorize(profile=True): time every accepted edge on the GPU and keep only "
                          "those that are faster (DLight, needs the device)")
     ap.add_argument("--cuda-graphs", action="store_true",
-                    help='also torch.compile(mode="reduce-overhead") (CUDA graphs)')
+                    help='(default now) torch.compile(mode="reduce-overhead") is in --torch-modes')
     ap.add_argument("--max-autotune", action="store_true",
-                    help='also torch.compile(mode="max-autotune-no-cudagraphs") (slow to compile)')
+                    help='(default now) torch.compile(mode="max-autotune") is in --torch-modes')
     tuning.add_arguments(ap, default_tasks="anchor")
     args = ap.parse_args(argv)
     args.size = args.size or ("real" if args.target == "cuda" else "small")
+    if args.no_torch_compile:
+        args.torch_modes = ["eager"]
     args.batch = args.batch or ([1, 16] if args.size == "real" else [1])
     kind, trials = parse_tuner(args.tuner)
     args.ms_settings = args.ms_runner = None

@@ -413,7 +413,7 @@ class Workload:
     name: str
     config_cls: type
     builder: Callable  # cfg -> IRModule (Relax, torch-free)
-    torch_forward: Callable  # (P: dict of torch weights, cfg, *activations) -> tensor or tuple
+    torch_forward: Callable  # (P: P[name] is a torch weight, cfg, *activations) -> tensor or tuple
     real_overrides: Dict = dataclasses.field(default_factory=dict)
     small_overrides: Dict = dataclasses.field(default_factory=dict)
     inputs_fn: Callable = None  # (mod, cfg, seed) -> list of numpy arrays
@@ -602,7 +602,8 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
 # ----------------------------------------------------------------------------------------------
 def torch_module(workload: Workload, cfg):
     """An ``nn.Module`` computing ``workload`` for ``cfg``; weights are buffers named like the Relax
-    parameters (empty until :func:`load_torch`), ``forward`` takes the activations in order."""
+    parameters (empty until :func:`load_torch`), ``forward`` takes the activations in order and
+    hands the module itself to the torch forward as its ``P`` (``P[name]`` is the buffer)."""
     import torch
 
     class _Module(torch.nn.Module):
@@ -610,9 +611,11 @@ def torch_module(workload: Workload, cfg):
             super().__init__()
             self.names: List[str] = []
 
+        def __getitem__(self, name):  # ``P["w_q"]`` in the forwards: the buffer itself, no dict per call
+            return getattr(self, name)
+
         def forward(self, *acts):
-            P = {n: getattr(self, n) for n in self.names}
-            return workload.torch_forward(P, cfg, *acts)
+            return workload.torch_forward(self, cfg, *acts)
 
     mod = _Module()
     mod.__class__.__name__ = workload.name

@@ -9,6 +9,7 @@ import tvm
 from tvm import relax
 
 PIPELINE_NAME = "vtc"
+TUNING_PIPELINE_NAME = "vtc_tuning"
 
 
 def _backend(target: tvm.target.Target):
@@ -120,11 +121,20 @@ def stock_vtc_schedules_pipeline(target=None) -> tvm.transform.Pass:
 STOCK_SCHEDULES_PIPELINE_NAME = "stock_vtc_schedules"
 
 
+def _tuning_pipeline(**kwargs) -> tvm.transform.Pass:
+    """``"vtc_tuning"``: :func:`vtc_tvm.tuning.tuning_pipeline` (imported on use: no import cycle)."""
+    from .tuning import tuning_pipeline
+
+    return tuning_pipeline(**kwargs)
+
+
 def register():
     if PIPELINE_NAME not in relax.pipeline.PIPELINE_MAP:
         relax.register_pipeline(PIPELINE_NAME)(vtc_pipeline)
     if STOCK_SCHEDULES_PIPELINE_NAME not in relax.pipeline.PIPELINE_MAP:
         relax.register_pipeline(STOCK_SCHEDULES_PIPELINE_NAME)(stock_vtc_schedules_pipeline)
+    if TUNING_PIPELINE_NAME not in relax.pipeline.PIPELINE_MAP:
+        relax.register_pipeline(TUNING_PIPELINE_NAME)(_tuning_pipeline)
 
 
 def cuda_target(arch: str = "sm_90") -> tvm.target.Target:
