@@ -303,10 +303,20 @@ def test_cuda_cache_update_never_copies_the_cache(kind):
     assert not full, full
     src = device_source(tvm.compile(mod, target=target, relax_pipeline=vtc_pipeline(target, inplace=["cache"])))
     assert f"{kind}_inplace_kernel" in src
-    if kind != "scatter_elements":  # rows of 16 floats: 4-wide vectors (ours, or DLight's)
-        pass
-    else:
-        assert "float4" in src  # our schedule: DLight has none for scatter_elements
+
+
+def test_update_schedule_vectorises_aligned_rows():
+    from vtc_tvm.copy_schedule import schedule_update
+    from vtc_tvm.inplace import inplace_update
+
+    call = relax.BlockBuilder().normalize(R.slice_scatter(relax.Var("c", relax.TensorType((B, H, T, D), F32)),
+                                                          relax.Var("n", relax.TensorType((B, H, 1, D), F32)),
+                                                          5, 6, 1, axis=2))
+    kernel = inplace_update(call, "cache")[0]
+    scheduled = schedule_update(kernel, cuda_target())
+    ex = tvm.compile(tvm.IRModule({"main": scheduled.with_attr("global_symbol", "main")}), target=cuda_target())
+    assert "float4" in device_source(ex)
+    assert schedule_update(kernel, LLVM) is None
 
 
 # -- the decode layers: no copy kernel left --------------------------------------------------------
@@ -332,3 +342,26 @@ def test_static_cache_decode_layer_matches_stock():
     report = []
     _compare(mod, report, inplace=["past_k", "past_v"])
     assert sum(d["virtual"] for d in _stores(report)) >= 1, report
+
+
+def test_schedule_copies_schedules_updates_dlight_cannot():
+    """A scatter whose row index is a select (how the in-place scatter_elements used to be
+    written) makes DLight's analysis assert; ScheduleCopies gives it schedule_update."""
+    from vtc_tvm.copy_schedule import ScheduleCopies
+    from vtc_tvm.mapping import Mapping, new_buffer
+    from vtc_tvm.rewrite import NotRewritable, check_schedulable, redirect_output
+
+    target = cuda_target()
+    idx = new_buffer((B, H, 1, D), "int64", "idx")
+
+    def store(v):
+        i = tirx.BufferLoad(idx, list(v))
+        return [v[0], v[1], tirx.if_then_else(i < 0, i + T, i), v[3]]
+
+    copy = Mapping.identity([B, H, 1, D], F32).to_prim_func("update")
+    kernel = redirect_output(copy, [B, H, T, D], store, "cache", extra_params=[idx])
+    with pytest.raises(NotRewritable, match="DLight"):
+        check_schedulable(kernel, target)
+    mod = ScheduleCopies(target)(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}))
+    assert "tirx.is_scheduled" in mod["main"].attrs
+    assert "__global__" in device_source(tvm.compile(mod, target=target))

@@ -11,10 +11,10 @@ the piece conditions are evaluated once per vector.
 :func:`ScheduleCopies` applies it to the pure-copy kernels of a module before DLight runs (the
 ``"vtc"`` pipeline does this on GPU targets); anything it cannot prove is left to DLight.
 
-Element-wise updates into a part of their output (an in-place KV-cache update, a copy into a
-concat slice) that DLight cannot schedule (its analysis asserts on the data-dependent store of
-``scatter_elements``) get :func:`schedule_update`: one thread per element, vectorised where the
-innermost axis is read and written unit-stride and aligned.
+Element-wise kernels that DLight's default rules fail on (its analysis asserted on the
+data-dependent store index of an in-place ``scatter_elements`` written with a select) get
+:func:`schedule_update` instead of no schedule at all: one thread per element, vectorised where
+the innermost axis is read and written unit-stride and aligned.
 """
 
 from __future__ import annotations
@@ -150,7 +150,7 @@ def _unschedulable_by_dlight(func, target) -> bool:
             or any(iv.iter_type != 0 for b in blocks for iv in b.iter_vars):
         return False  # (cheap tests first: DLight is tried on few kernels)
     try:
-        check_schedulable(func, target, own_rules=False)
+        check_schedulable(func, target)
     except NotRewritable:
         return True
     return False

@@ -333,21 +333,15 @@ def _serial_half_terms(func: tirx.PrimFunc, rule: int, sch) -> int:
     return terms
 
 
-def check_schedulable(func: tirx.PrimFunc, target, own_rules: bool = True) -> None:
+def check_schedulable(func: tirx.PrimFunc, target) -> None:
     """On a GPU target, raise :class:`NotRewritable` unless DLight's default rules schedule
-    ``func`` (a kernel of ours with no stock counterpart to compare with) or, with
-    ``own_rules``, :func:`vtc_tvm.copy_schedule.schedule_update` does (element-wise updates
-    DLight cannot analyse: ``ScheduleCopies`` gives them that schedule before DLight runs)."""
+    ``func`` (a kernel of ours with no stock counterpart to compare with)."""
     if target is None or "gpu" not in target.keys:
         return
     try:
         with target:
             _dlight_rule(func, target)
     except Exception as err:  # noqa: BLE001 - any failure means: do not use this kernel
-        from .copy_schedule import schedule_update  # (lazily: copy_schedule imports this module)
-
-        if own_rules and schedule_update(func, target) is not None:
-            return
         lines = [ln for ln in str(err).splitlines() if ln.strip()]
         raise NotRewritable(f"DLight cannot schedule the kernel: {lines[-1][:200] if lines else type(err).__name__}") from None
 
