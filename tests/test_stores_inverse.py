@@ -296,9 +296,9 @@ def test_cuda_cache_update_never_copies_the_cache(kind):
         lowered = vtc_pipeline(target, inplace=["cache"], report=report)(mod)
     assert any("updated in place" in d["reason"] and d["virtual"] for d in report), report
     # No kernel allocates a tensor of the cache's shape: the cache is never copied.
-    full = []
+    call_tir, full = tvm.ir.Op.get("relax.call_tir"), []
     relax.analysis.post_order_visit(lowered["main"], lambda e: full.append(e) if isinstance(e, relax.Call)
-                                    and e.op.same_as(tvm.ir.Op.get("relax.call_tir")) and isinstance(e.ty, relax.TensorType)
+                                    and e.op.same_as(call_tir) and isinstance(e.ty, relax.TensorType)
                                     and [int(d) for d in e.ty.shape] == [B, H, T, D] else None)
     assert not full, full
     src = device_source(tvm.compile(mod, target=target, relax_pipeline=vtc_pipeline(target, inplace=["cache"])))

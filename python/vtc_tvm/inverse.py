@@ -14,9 +14,9 @@ class ``v = m*w + r`` where the region fixes ``v % m``; ``tvm.tirx.IndexMap.inve
 ``G_s(H_s(i)) == i`` for every ``i`` of ``src_s``.
 
 Limits: 1. static shapes only; 2. every piece reads a source (no constant pieces: nothing would
-write their elements) and every source is read by exactly one piece; 3. a region must be a box,
-or a box over one residue class per axis; anything the analyzer cannot prove is refused, with
-the reason in :class:`NotOneToOne`.
+write their elements); a source that several pieces read has no inverse (it is copied); 3. a region must be a box,
+or a box over one residue class per axis (modulus at most ``MAX_MODULUS``); anything the
+analyzer cannot prove is refused, with the reason in :class:`NotOneToOne`.
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ from tvm import tirx
 from .mapping import Mapping, _i64, _substitute, is_static
 
 StoreIndex = Callable[[list], list]
+# Residue classes are tried up to this modulus (a channel shuffle of g groups needs g; each
+# candidate residue costs one simplification).
+MAX_MODULUS = 16
 
 
 class NotOneToOne(Exception):
@@ -139,7 +142,8 @@ def _residue(v, n, region, index_vars, shape):
     moduli = set()
 
     def on_mod(e):
-        if isinstance(e.a, tvm.ir.Var) and e.a.same_as(v) and isinstance(e.b, tirx.IntImm) and 1 < int(e.b) < n:
+        if isinstance(e.a, tvm.ir.Var) and e.a.same_as(v) and isinstance(e.b, tirx.IntImm) \
+                and 1 < int(e.b) <= min(n - 1, MAX_MODULUS):
             moduli.add(int(e.b))
 
     for c in region:

@@ -1,27 +1,34 @@
-"""Store side: producers write straight into the concat or in-place update that consumes them.
+"""Store side: producers write straight into the copy or in-place update that consumes them.
 
 Pattern (after ``FuseOps``/``FuseTIR``, where producers are final kernels)::
 
-    a = call_tir(producer_a, ...)            # used only by the concat
-    b = call_tir(producer_b, ...)            # used only by the concat
-    c = call_tir(concatenate, (a, x, b))     # a pure index copy with one offset slice per input
+    a = call_tir(producer_a, ...)            # used only by the copy
+    b = call_tir(producer_b, ...)            # used only by the copy
+    c = call_tir(copy, (a, x, b))            # a pure index copy: c[v] = a[G_a(v)] where ..., etc.
 
-Rewrite: ``a`` and ``b`` become virtual views of ``c``; their producers store into their slice::
+When each piece of the copy is one-to-one onto its source (a concat slice, a permute, a
+head-major ``reshape o permute``, a channel shuffle after a concat: :mod:`vtc_tvm.inverse`
+proves it and computes ``H = G^-1``), ``a`` and ``b`` become views of ``c``: their producers
+store element ``i`` at ``c[H(i)]``::
 
     c0 = call_tir(producer_a_into, ..., out_ty=c)                      # allocates c
     c1 = call_tir_inplace(producer_b_into, (..., c0), [k], out_ty=c)
-    c  = call_tir_inplace(copy_into, (x, c1), [1], out_ty=c)           # inputs without a producer
+    c  = call_tir_inplace(copy_into, (x, c1), [1], out_ty=c)           # the piece without a producer
 
 The same for the in-place updates of :mod:`vtc_tvm.inplace` (a KV-cache row written at positions
-read from an index tensor)::
+read from an index tensor, or read through a mapping such as the head-major transpose of V)::
 
     rows = call_tir(k_proj_rope, ...)                                   # used only by the update
     cache = call_tir_inplace(scatter_nd_inplace, (rows, idx, cache), [2])
     ->
     cache = call_tir_inplace(k_proj_rope_into_cache, (..., idx, cache), [n])
 
-A tensor has one physical home: an input used anywhere else (a second concat, another consumer,
-a function output) keeps its own buffer and is copied, exactly like stock TVM does.
+A tensor has one physical home (one store layout): an input used anywhere else (a second copy,
+another consumer, a function output) keeps its own buffer and is copied, exactly like stock TVM
+does (:func:`select_store_edges`, which a global plan can override through the PrimFunc attribute
+``vtc.store_side``). Every refusal is logged with its reason. On GPU targets a redirected
+producer must keep its DLight rule (:func:`vtc_tvm.rewrite.best_schedulable`). At most one piece
+stays a copy (more would launch more kernels than stock's one copy).
 """
 
 from __future__ import annotations
@@ -343,7 +350,8 @@ class _StoreRewriter(PyExprMutator):
             self._log(binding.var, dest, False, str(err))
             return False
         where = store_index([tirx.Var(f"i{k}", "int64") for k in range(len(binding.var.ty.shape))])
-        self._log(binding.var, dest, True, f"producer stores each element i at {dest.name}[{', '.join(map(str, where))}]")
+        self._log(binding.var, dest, True,
+                  f"producer stores each element i at {dest.name}[{', '.join(map(str, where))}]")
         gv = self.builder_.add_func(into, f"{call.args[0].name_hint}_into_{dest.name}")
         args = [self.visit_expr(a) for a in call.args[1].fields]
         prev = self.current.get(dest)
@@ -390,8 +398,8 @@ class _StoreRewriter(PyExprMutator):
             into = redirect_output(copy, shape, lambda u, box=box: _substitute_all(box.out_index, box.vars, u),
                                    binding.var.name)
             gv = self.builder_.add_func(into, "vtc_copy_into")
-            cur = self.builder_.emit(relax.call_tir_inplace(gv, [self.visit_expr(src), cur], [1],
-                                                            out_ty=binding.var.ty), name_hint=f"{binding.var.name}_part")
+            cur = self.builder_.emit(relax.call_tir_inplace(gv, [self.visit_expr(src), cur], [1], out_ty=binding.var.ty),
+                                     name_hint=f"{binding.var.name}_part")
         self.builder_.emit_normalized(relax.VarBinding(binding.var, cur))
 
     def _log(self, var, concat, take, reason):
@@ -402,8 +410,9 @@ class _StoreRewriter(PyExprMutator):
 
 
 def VirtualTensorizeStores(target=None, report: Optional[list] = None) -> tvm.transform.Pass:
-    """Store-side virtual tensors (concat destinations). Place it after ``FuseTIR``: it
-    rewrites the fused producer kernels. The ``"vtc"`` pipeline does this for you."""
+    """Store-side virtual tensors (producers store through the inverse of a one-to-one copy, or
+    into the rows of an in-place update). Place it after ``FuseTIR``: it rewrites the fused
+    producer kernels. The ``"vtc"`` pipeline does this for you."""
 
     @tvm.transform.module_pass(opt_level=0, name="VirtualTensorizeStores")
     def _stores(mod, _ctx):
