@@ -100,11 +100,14 @@ def rewritten_forms(func: tirx.PrimFunc, param_index: int, mapping: Mapping, nam
     gpu = target is not None and "gpu" in target.keys
     plain, split = (inline_mapping(func, param_index, mapping, name=name, normalize=normalize)[0]
                     for normalize in (False, True))
-    # The op pattern FuseOps sees is the original's (an elementwise consumer becomes injective):
-    # re-derived, a GEMM whose loads are mapped can read as a plain reduction, so that FuseOps
-    # fuses producers such as RoPE into it, and clamped symbolic reads read as opaque.
+    # The op pattern FuseOps sees: for a GEMM/reduction the original's (re-derived, a GEMM whose
+    # loads are mapped can read as a plain reduction, so that FuseOps fuses producers such as
+    # RoPE into it, and clamped symbolic reads read as opaque). For an elementwise, broadcast or
+    # injective consumer TVM's own classification of the rewrite, at most injective: a bias
+    # read through `reshape(b, [1, C, 1, 1])` stays a broadcast add that FuseOps fuses into the
+    # conv epilogue, as stock does (forced to injective, it ran as a kernel of its own).
     original = op_pattern(func)
-    pattern = INJECTIVE if original <= INJECTIVE else original
+    pattern = original if original > INJECTIVE else min(op_pattern(plain), INJECTIVE)
     forms = [plain.with_attr("op_pattern", pattern)]
     if not tvm_ffi.structural_equal(plain, split):
         # Split axes are only needed by DLight; a GEMM in split form is kept out of FuseOps
