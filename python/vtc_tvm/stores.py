@@ -55,30 +55,6 @@ CALL_TIR_INPLACE = Op.get("relax.call_tir_inplace")
 STORE_SIDE_ATTR = "vtc.store_side"
 
 
-def concat_offsets(mapping: Mapping) -> Optional[list]:
-    """Per source, the constant offset of its slice in the output, if ``mapping`` is a concat
-    (every piece reads one distinct source at ``v - offset``, and each source lies wholly inside
-    the output: its producer writes all of it there); else None. A slice reads ``v + offset``
-    too, but its source is larger than its output: redirected, its producer would write out of
-    bounds."""
-    if len(mapping.pieces) != len(mapping.sources):
-        return None
-    ana = mapping.analyzer()
-    offsets = [None] * len(mapping.sources)
-    for p in mapping.pieces:
-        if p.source is None or offsets[p.source] is not None or len(p.indices) != len(mapping.vars):
-            return None  # (a reshape from a 0-d tensor is not a slice of the output)
-        shift = [ana.simplify(v - i) for v, i in zip(mapping.vars, p.indices)]
-        if not all(isinstance(s, tirx.IntImm) for s in shift):
-            return None
-        offsets[p.source] = [int(s.value) for s in shift]
-        extents = mapping.source_shape(p.source)
-        if not all(isinstance(n, int) and isinstance(d, int) and 0 <= o and o + n <= d
-                   for o, n, d in zip(offsets[p.source], extents, mapping.shape)):
-            return None
-    return offsets
-
-
 def indexed_copy(func: tirx.PrimFunc):
     """``(store_index, index params)`` if ``func`` is one block ``out[f(v)] = src[g(v)]`` over the
     whole of ``src`` (its first parameter) into ``out`` (its last), reading nothing but index
@@ -156,7 +132,8 @@ def _is_view(mapping: Mapping) -> bool:
         return False
     piece, ana = mapping.pieces[0], mapping.analyzer()
     src_shape = mapping.source_shape(0)
-    flat = lambda idx, shape: sum((i * s for i, s in zip(idx, row_major_strides(list(shape)))), tirx.IntImm("int64", 0))
+    zero = tirx.IntImm("int64", 0)
+    flat = lambda idx, shape: sum((i * s for i, s in zip(idx, row_major_strides(list(shape)))), zero)
     return len(piece.indices) == len(src_shape) and ana.can_prove_equal(
         flat(mapping.vars, mapping.shape), flat(piece.indices, src_shape))
 
@@ -398,8 +375,8 @@ class _StoreRewriter(PyExprMutator):
             into = redirect_output(copy, shape, lambda u, box=box: _substitute_all(box.out_index, box.vars, u),
                                    binding.var.name)
             gv = self.builder_.add_func(into, "vtc_copy_into")
-            cur = self.builder_.emit(relax.call_tir_inplace(gv, [self.visit_expr(src), cur], [1], out_ty=binding.var.ty),
-                                     name_hint=f"{binding.var.name}_part")
+            update = relax.call_tir_inplace(gv, [self.visit_expr(src), cur], [1], out_ty=binding.var.ty)
+            cur = self.builder_.emit(update, name_hint=f"{binding.var.name}_part")
         self.builder_.emit_normalized(relax.VarBinding(binding.var, cur))
 
     def _log(self, var, concat, take, reason):
