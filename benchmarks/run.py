@@ -50,7 +50,8 @@ from . import tuning
 from .workloads import WORKLOADS, load_torch, torch_module
 
 SUITES = {"paper": ["llama_decode", "llama_prefill", "gemma2_decode", "effvit_attn", "yolo_c3k2",
-                    "shufflenet_unit", "shufflenet_v2"]}
+                    "shufflenet_unit", "shufflenet_v2"],
+          "static_cache": ["llama_decode_static", "gemma2_decode_static"]}
 L2_BYTES = 50 * 2 ** 20
 MIB = 2 ** 20
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -264,7 +265,8 @@ def run_case(wl, batch, args, target, dev, torch):
         row["tune_s"] = round(time.time() - t0, 2)
 
     exes, fused = {}, {}
-    vtc_options = {"memory_guard": True, **(getattr(args, "vtc_options", None) or {})}  # as vtc_pipeline
+    vtc_options = {"memory_guard": True, "inplace": wl.inplace,  # as vtc_pipeline; caches the workload lets vtc update
+                   **(getattr(args, "vtc_options", None) or {})}
     for variant in ("stock", "vtc"):
         t0 = time.time()
         stats = {}

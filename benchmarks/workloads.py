@@ -418,6 +418,7 @@ class Workload:
     real_overrides: Dict = dataclasses.field(default_factory=dict)
     small_overrides: Dict = dataclasses.field(default_factory=dict)
     inputs_fn: Callable = None  # (mod, cfg, seed) -> list of numpy arrays
+    inplace: tuple = ()  # parameters vtc may update in place (VirtualTensorize(inplace=...))
     description: str = ""
 
     def config(self, size="small", batch=None, dtype="float32"):
@@ -593,6 +594,16 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
     Workload("gemma2_decode", Gemma2Config, gemma2_decoder_layer, _gemma2_torch,
              inputs_fn=_gemma2_inputs,
              description="Gemma-2-9B decoder layer (local attention, window 4096, softcap 50), decode, cache 4096"),
+    # HF's StaticCache: the caches have rows reserved for the new token, updated in place by vtc
+    # (stock copies the whole cache in its slice_scatter).
+    Workload("llama_decode_static", LlamaConfig, models.llama_decoder_layer, _llama_torch,
+             real_overrides=dict(ctx=4096, seq=1, kv_cache="static"), small_overrides=dict(seq=1, kv_cache="static"),
+             inplace=("past_k", "past_v"),
+             description="Llama-3-8B decoder layer, decode 1 token, static KV cache 4096 + 1 updated in place"),
+    Workload("gemma2_decode_static", Gemma2Config, gemma2_decoder_layer, _gemma2_torch,
+             real_overrides=dict(kv_cache="static"), small_overrides=dict(kv_cache="static"),
+             inputs_fn=_gemma2_inputs, inplace=("past_k", "past_v"),
+             description="Gemma-2-9B decoder layer, decode, static KV cache 4096 + 1 updated in place"),
     Workload("effvit_attn", EffViTConfig, effvit_attention, _effvit_torch,
              description="EfficientViT-B1 LiteMLA block (128 ch, 32x32, scales (5,)) + residual"),
     Workload("yolo_c3k2", C3k2Config, yolo_c3k2, _c3k2_torch,
