@@ -365,3 +365,48 @@ def test_schedule_copies_schedules_updates_dlight_cannot():
     mod = ScheduleCopies(target)(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}))
     assert "tirx.is_scheduled" in mod["main"].attrs
     assert "__global__" in device_source(tvm.compile(mod, target=target))
+
+
+def _rope_k_into_cache():
+    """K = RoPE(heads(x @ w_k)) scattered into the cache rows at runtime positions."""
+    cache = relax.Var("cache", relax.TensorType((B, H, T, D), F32))
+    x = relax.Var("x", relax.TensorType((B, 1, 16), F32))
+    w = relax.Var("w", relax.TensorType((16, H * D), F32))
+    cos = relax.Var("cos", relax.TensorType((B, 1, 1, D), F32))
+    sin = relax.Var("sin", relax.TensorType((B, 1, 1, D), F32))
+    idx = relax.Var("idx", relax.TensorType((B, H, 1, 3), "int64"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [cache, x, w, cos, sin, idx]):
+        with bb.dataflow():
+            k = bb.emit(R.permute_dims(bb.emit(R.reshape(bb.emit(R.matmul(x, w)), (B, 1, H, D))), [0, 2, 1, 3]))
+            lo = bb.emit(R.strided_slice(k, axes=[3], begin=[0], end=[D // 2]))
+            hi = bb.emit(R.strided_slice(k, axes=[3], begin=[D // 2], end=[D]))
+            rot = bb.emit(R.concat([bb.emit(R.negative(hi)), lo], axis=3))
+            k = bb.emit(R.add(bb.emit(R.multiply(k, cos)), bb.emit(R.multiply(rot, sin))))
+            out = bb.emit_output(R.scatter_nd(cache, idx, k, reduction="update"))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_rope_k_stored_into_the_cache_rows():
+    mod = _rope_k_into_cache()
+    rng = np.random.default_rng()
+    b, h = np.meshgrid(np.arange(B), np.arange(H), indexing="ij")
+    pos = rng.integers(0, T)
+    idx = np.stack([b, h, np.full_like(b, pos)], -1)[:, :, None, :].astype("int64")
+    args = [rng.standard_normal([int(d) for d in p.ty.shape]).astype(F32) for p in mod["main"].params[:-1]] + [idx]
+
+    def run(pipeline):
+        ex = tvm.compile(mod, target=LLVM, relax_pipeline=pipeline)
+        return run_vm(ex, tvm.cpu(), [a.copy() for a in args])[0]
+
+    report = []
+    np.testing.assert_allclose(run(vtc_pipeline(LLVM, inplace=["cache"], report=report)),
+                               run(relax.get_default_pipeline(LLVM)), rtol=1e-5, atol=1e-5)
+    assert any(d.get("side") == "store" and d["virtual"] for d in report), report
+    target = cuda_target()
+    report = []
+    src = device_source(tvm.compile(mod, target=target, relax_pipeline=vtc_pipeline(
+        target, inplace=["cache"], report=report)))
+    assert any(d.get("side") == "store" and d["virtual"] for d in report), report
+    assert "_into_" in src and "scatter_nd_inplace_kernel" not in src
