@@ -1,77 +1,94 @@
 """Stock TVM vs VirtualTensorize on a built-in model: same inputs, same outputs, fewer copies.
 
-    python -m vtc_tvm.demo [--model llama|shufflenet] [--size small|real] [--target auto|llvm|cuda]
+    vtc-tvm demo [--model llama|shufflenet] [--size small|real] [--target auto|llvm|cuda|...]
+    python -m vtc_tvm.demo [same options]
+
+Exit codes as ``vtc-tvm`` (:mod:`vtc_tvm.errors`): 3 when the outputs disagree, 4 when the
+target's device is missing.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 import tvm
 
-from .pipeline import cuda_target
 from .models import BUILTIN_MODELS, build_model, random_inputs
-from .report import compile_variants, run_vm, time_vm
-
-def pick_target(name: str) -> tuple[tvm.target.Target, tvm.runtime.Device]:
-    if name == "auto":
-        name = "cuda" if tvm.cuda(0).exist else "llvm"
-    if name == "cuda":
-        return cuda_target(), tvm.cuda(0)
-    return tvm.target.Target("llvm"), tvm.cpu(0)
 
 
-def mismatch(ref: list[np.ndarray], got: list[np.ndarray], dtype: str) -> str | None:
-    """Why ``got`` disagrees with ``ref`` (None when it agrees)."""
-    for i, (a, b) in enumerate(zip(ref, got)):
-        a, b = a.astype("float64"), b.astype("float64")
-        if a.shape != b.shape:
-            return f"output {i}: shape {b.shape} != {a.shape}"
-        if dtype == "float16":  # elementwise fp16 tolerances are meaningless after long reductions
-            rel = np.linalg.norm(b - a) / max(np.linalg.norm(a), 1e-30)
-            if not rel < 1e-2:
-                return f"output {i}: relative L2 error {rel:.3g} >= 1e-2"
-        elif not np.allclose(b, a, rtol=1e-5, atol=1e-5):
-            return f"output {i}: max abs error {np.abs(b - a).max():.3g} (rtol 1e-5, atol 1e-5)"
-    return None if len(ref) == len(got) else f"{len(got)} outputs, expected {len(ref)}"
+def mismatch(ref: list[np.ndarray], got: list[np.ndarray], dtype: str = "") -> str | None:
+    """Why ``got`` disagrees with ``ref`` (None when it agrees), by :mod:`vtc_tvm.check`'s
+    scale-aware tolerances (``dtype`` is unused: each output's own dtype decides)."""
+    from .check import compare_outputs
+
+    bad = [e for e in compare_outputs(ref, got) if not e.ok]
+    return None if not bad else f"output {bad[0].index}: {bad[0].describe()}"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m vtc_tvm.demo", description=__doc__.splitlines()[0])
+def add_arguments(ap) -> None:
     ap.add_argument("--model", choices=sorted(BUILTIN_MODELS), default="llama")
     ap.add_argument("--size", choices=["small", "real"], default="small")
-    ap.add_argument("--target", choices=["auto", "llvm", "cuda"], default="auto")
+    ap.add_argument("--target", default="auto",
+                    help="auto (cuda when a GPU is visible, else llvm), or any TVM target")
     ap.add_argument("--dtype", choices=["auto", "float32", "float16"], default="auto",
                     help="auto: float16 on cuda, float32 on llvm")
     ap.add_argument("--repeat", type=int, default=10, help="timed runs per variant")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
 
-    target, dev = pick_target(args.target)
-    dtype = args.dtype if args.dtype != "auto" else ("float16" if target.kind.name == "cuda" else "float32")
-    mod = build_model(args.model, args.size, dtype=dtype)
-    inputs = random_inputs(mod, args.seed)
-    print(f"{args.model} ({args.size}, {dtype}) on {target.kind.name}")
 
-    variants = compile_variants(mod, target)
+def run(args, console, out: dict) -> int:
+    """The demo for parsed ``args`` (see :func:`vtc_tvm.cli.main`); fills ``out`` for --json."""
+    from tvm import relax
+
+    from .cli import _say, device_for, resolve_target
+    from .errors import ExitCode
+    from .pipeline import store_side_pipeline
+    from .report import kernel_census, run_vm, time_vm
+    from .transform import VirtualTensorize
+
+    target = resolve_target(args.target, console)
+    dev = device_for(target, "demo")
+    gpu = "gpu" in target.keys
+    dtype = args.dtype if args.dtype != "auto" else ("float16" if gpu else "float32")
+    with console.phase(f"building the {args.model} model ({args.size}, {dtype})"):
+        mod = build_model(args.model, args.size, dtype=dtype)
+        inputs = random_inputs(mod, args.seed)
+    with console.phase("planning (VirtualTensorize)"):
+        vtc_mod = VirtualTensorize(target=target, memory_guard=True)(mod)
+    with console.phase("counting kernels and planned memory"):
+        census = {"stock": kernel_census(mod, target), "vtc": kernel_census(vtc_mod, target, stores=True)}
+    pipelines = {"stock": (mod, relax.get_default_pipeline(target)), "vtc": (vtc_mod, store_side_pipeline(target))}
     rows, outputs = {}, {}
-    for name, (census, ex) in variants.items():
-        outputs[name] = run_vm(ex, dev, inputs)
-        rows[name] = (census["kernels"], census["data_movement"], census["planned_bytes"] / 2**20,
-                      time_vm(ex, dev, inputs, args.repeat))
-
-    print(f"{'':8}{'kernels':>9}{'data-mv':>9}{'mem MiB':>10}{'ms':>10}")
-    for name, (k, dm, mib, ms) in rows.items():
-        print(f"{name:8}{k:>9}{dm:>9}{mib:>10.3f}{ms:>10.3f}")
-
-    why = mismatch(outputs["stock"], outputs["vtc"], dtype)
+    for name, (m, pipeline) in pipelines.items():
+        with console.phase(f"building {name} ({target.kind.name})"):
+            ex = tvm.compile(m, target=target, relax_pipeline=pipeline)
+        with console.phase(f"running and timing {name} ({args.repeat} runs)"):
+            outputs[name] = run_vm(ex, dev, inputs)
+            ms = time_vm(ex, dev, inputs, args.repeat)
+        c = census[name]
+        rows[name] = {"kernels": c["kernels"], "data_movement": c["data_movement"],
+                      "planned_bytes": c["planned_bytes"], "ms": ms}
+    why = mismatch(outputs["stock"], outputs["vtc"])
+    out.update(model=args.model, size=args.size, dtype=dtype, target=target.kind.name, variants=rows,
+               agree=why is None, mismatch=why)
+    lines = [f"{args.model} ({args.size}, {dtype}) on {target.kind.name}",
+             f"{'':8}{'kernels':>9}{'data-mv':>9}{'mem MiB':>10}{'ms':>10}"]
+    for name, r in rows.items():
+        mib = "n/a" if r["planned_bytes"] is None else f"{r['planned_bytes'] / 2**20:.3f}"
+        lines.append(f"{name:8}{r['kernels']:>9}{r['data_movement']:>9}{mib:>10}{r['ms']:>10.3f}")
     if why:
-        print(f"MISMATCH: vtc disagrees with stock TVM: {why}", file=sys.stderr)
-        return 1
-    print("outputs agree")
-    return 0
+        _say(args, lines)
+        console.error(f"MISMATCH: vtc disagrees with stock TVM: {why}")
+        return ExitCode.MISMATCH
+    _say(args, lines + ["outputs agree"])
+    return ExitCode.OK
+
+
+def main(argv=None) -> int:
+    from .cli import main as cli_main
+
+    return cli_main(["demo", *(sys.argv[1:] if argv is None else argv)], prog="python -m vtc_tvm")
 
 
 if __name__ == "__main__":

@@ -21,14 +21,30 @@ def _backend(target: tvm.target.Target):
     return backend.gpu_generic.pipeline
 
 
+SCHEDULES = ("dlight", "vtc")
+
+
+def _with_schedules(passes: list, target, schedules: str) -> list:
+    """``passes`` with the backend's ``ApplyDefaultSchedule`` replaced by
+    :func:`vtc_tvm.schedules.ApplySchedules` when ``schedules == "vtc"``."""
+    if schedules not in SCHEDULES:
+        raise ValueError(f"schedules must be one of {SCHEDULES}, not {schedules!r}")
+    if schedules == "dlight":
+        return passes
+    from .schedules import ApplySchedules
+
+    return [ApplySchedules(target) if p.info.name == "ApplyDefaultSchedule" else p for p in passes]
+
+
 def fusion_passes(target: tvm.target.Target, stores: bool = True, report=None,
-                  schedule_copies: bool = True) -> list:
+                  schedule_copies: bool = True, schedules: str = "dlight") -> list:
     """The backend's legalize/fuse/schedule passes, with the store side after ``FuseTIR`` and,
-    on GPU targets, vectorised schedules for the copy kernels that remain before DLight."""
+    on GPU targets, vectorised schedules for the copy kernels that remain before DLight
+    (``schedules="vtc"``: our small-batch rules before DLight's, :mod:`vtc_tvm.schedules`)."""
     from .copy_schedule import ScheduleCopies
     from .stores import VirtualTensorizeStores
 
-    passes = list(_backend(target).legalize_passes(target))
+    passes = _with_schedules(list(_backend(target).legalize_passes(target)), target, schedules)
     if stores:
         at = next(i for i, p in enumerate(passes) if p.info.name == "FuseTIR") + 1
         passes.insert(at, VirtualTensorizeStores(target, report=report))
@@ -39,13 +55,15 @@ def fusion_passes(target: tvm.target.Target, stores: bool = True, report=None,
 
 
 def vtc_pipeline(target=None, stores: bool = True, schedule_copies: bool = True,
-                 **options) -> tvm.transform.Pass:
+                 schedules: str = "dlight", **options) -> tvm.transform.Pass:
     """VirtualTensorize, then TVM's default pipeline for ``target`` (with the store side and,
     on GPU targets, vectorised copy kernels: :mod:`vtc_tvm.copy_schedule`).
 
     ``options`` go to :func:`vtc_tvm.VirtualTensorize` (``strategy``, ``ops``, ``report``,
     ``profile``, ...); ``memory_guard`` is on unless given (never plan more memory than stock).
-    Without a target the stock target-independent build pipeline follows (no fusion, as TVM's
+    ``schedules="vtc"`` schedules with :func:`vtc_tvm.schedules.default_rules` (ours, then
+    DLight's) instead of DLight's alone; "dlight" stays the default until GPU timings show ours
+    never lose. Without a target the stock target-independent build pipeline follows (no fusion, as TVM's
     own ``"default"``), and there is no store side.
     """
     from .transform import VirtualTensorize
@@ -57,15 +75,16 @@ def vtc_pipeline(target=None, stores: bool = True, schedule_copies: bool = True,
     options.setdefault("target", target)
     options.setdefault("memory_guard", True)
     return _in_target(target, [VirtualTensorize(**options)] + backend_passes(
-        target, stores, options.get("report"), schedule_copies), "vtc_pipeline")
+        target, stores, options.get("report"), schedule_copies, schedules), "vtc_pipeline")
 
 
 def backend_passes(target: tvm.target.Target, stores: bool = True, report=None,
-                   schedule_copies: bool = True) -> list:
+                   schedule_copies: bool = True, schedules: str = "dlight") -> list:
     """The stock pipeline of ``target``'s backend, pass for pass, with the store side and the
     copy schedules of :func:`fusion_passes`: what follows the load side."""
     backend = _backend(target)
-    return (list(backend.library_dispatch_passes(target)) + fusion_passes(target, stores, report, schedule_copies)
+    return (list(backend.library_dispatch_passes(target))
+            + fusion_passes(target, stores, report, schedule_copies, schedules)
             + list(backend.dataflow_lower_passes(target)) + list(backend.finalize_passes(target)))
 
 
@@ -85,9 +104,27 @@ def store_side_pipeline(target, report=None) -> tvm.transform.Pass:
     return _in_target(target, backend_passes(target, True, report), "store_side_pipeline")
 
 
+def stock_vtc_schedules_pipeline(target=None) -> tvm.transform.Pass:
+    """Stock TVM's default pipeline for ``target`` with :mod:`vtc_tvm.schedules`' rules before
+    DLight's, and no virtual tensors (the middle column of stock / + schedules / vtc-tvm)."""
+    if target is None:
+        return relax.pipeline.default_build_pipeline()
+    target = tvm.target.Target(target)
+    backend = _backend(target)
+    passes = (list(backend.library_dispatch_passes(target))
+              + _with_schedules(list(backend.legalize_passes(target)), target, "vtc")
+              + list(backend.dataflow_lower_passes(target)) + list(backend.finalize_passes(target)))
+    return _in_target(target, passes, "stock_vtc_schedules")
+
+
+STOCK_SCHEDULES_PIPELINE_NAME = "stock_vtc_schedules"
+
+
 def register():
     if PIPELINE_NAME not in relax.pipeline.PIPELINE_MAP:
         relax.register_pipeline(PIPELINE_NAME)(vtc_pipeline)
+    if STOCK_SCHEDULES_PIPELINE_NAME not in relax.pipeline.PIPELINE_MAP:
+        relax.register_pipeline(STOCK_SCHEDULES_PIPELINE_NAME)(stock_vtc_schedules_pipeline)
 
 
 def cuda_target(arch: str = "sm_90") -> tvm.target.Target:

@@ -292,11 +292,13 @@ def _simplify_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 # -- schedulability ---------------------------------------------------------------------------
 def _dlight_rules():
-    from tvm.s_tir import dlight as dl
+    from .pipeline import cuda_target
+    from .schedules import stock_rules
 
-    # The rules of the stock CUDA pipeline, most specialised first.
-    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-            dl.gpu.Fallback()]
+    # The rules of the stock CUDA pipeline, most specialised first, read from TVM's own pipeline.
+    # Not vtc_tvm.schedules.default_rules: with schedules="dlight" a kernel only our rules take
+    # would reach DLight unscheduled; and the ranking below is in DLight's terms.
+    return stock_rules(cuda_target())
 
 
 def _dlight_rule(func: tirx.PrimFunc, target) -> int:

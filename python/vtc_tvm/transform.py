@@ -508,10 +508,12 @@ def VirtualTensorize(
         edges are refused one at a time (then cumulatively) until it does not, or the module is
         left as it was. Costs a lowering per trial (at most :data:`GUARD_TRIALS`); needs a target.
     """
+    from .options import check_inplace, check_inplace_names, check_ops, check_report
     from .profile import EdgeProfiler
 
     choose = get_strategy(strategy)
-    allowed = None if ops is None else set(ops)
+    allowed, inplace = check_ops(ops), check_inplace_names(inplace)
+    check_report(report)
     profiler = profile if isinstance(profile, EdgeProfiler) else None
     if profile is True and target is not None:
         profiler = EdgeProfiler(target)  # fail now, not inside the pass, without a device
@@ -520,6 +522,7 @@ def VirtualTensorize(
     def _virtual_tensorize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         tgt = tvm.target.Target(target) if target is not None else tvm.target.Target.current(allow_none=True)
         nonlocal profiler
+        check_inplace(inplace, mod)
         if profile is True and profiler is None:
             if tgt is None:
                 raise ValueError("VirtualTensorize(profile=True) needs a target")

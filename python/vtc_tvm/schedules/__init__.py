@@ -1,0 +1,55 @@
+"""Schedule rules for small-batch (decode) kernels, DLight style, and their wiring.
+
+``default_rules(target)`` is our rules followed by exactly the rule list of TVM's own CUDA
+pipeline; ``ApplySchedules(target)`` is ``dlight.ApplyDefaultSchedule`` over that list.
+
+* :class:`LowBatchGEMM` (:mod:`.low_batch_gemm`): 1 <= M <= 64 projections as batched GEMVs
+* :class:`DecodeAttention` (:mod:`.decode_attention`): q K^T and probs V over a KV cache
+* :func:`widen_accumulator` (:mod:`.accumulate`): the float32-accumulation TIR rewrite both use
+* :mod:`.batched_gemv`: the shared matcher, schedule and tiling plan (target data: SM counts)
+
+Opt-in: ``vtc_pipeline(target, schedules="vtc")`` or the ``"stock_vtc_schedules"`` pipeline;
+the default stays DLight's until H200 timings (``benchmarks/schedules_h200.py``) show ours
+never lose.
+"""
+
+from __future__ import annotations
+
+import tvm
+
+from .accumulate import widen_accumulator
+from .decode_attention import DecodeAttention
+from .low_batch_gemm import LowBatchGEMM
+
+
+def stock_rules(target) -> list:
+    """The DLight rules of the ``ApplyDefaultSchedule`` pass in TVM's pipeline for ``target``
+    (read from the backend's own ``legalize_passes``, not copied; [] when it has none)."""
+    from vtc_tvm.pipeline import _backend
+
+    target = tvm.target.Target(target)
+    for p in _backend(target).legalize_passes(target):
+        if p.info.name == "ApplyDefaultSchedule":
+            return list(p.rules)
+    return []
+
+
+def our_rules(target) -> list:
+    """Our rules, most specialised first (they return None on anything else)."""
+    return [DecodeAttention(), LowBatchGEMM()]
+
+
+def default_rules(target) -> list:
+    """Our rules first, then exactly TVM's own rule list for ``target``."""
+    return our_rules(target) + stock_rules(target)
+
+
+def ApplySchedules(target) -> tvm.transform.Pass:  # noqa: N802 - a pass, named like TVM's
+    """``dlight.ApplyDefaultSchedule(*default_rules(target))``."""
+    from tvm.s_tir import dlight as dl
+
+    return dl.ApplyDefaultSchedule(*default_rules(target))
+
+
+__all__ = ["ApplySchedules", "DecodeAttention", "LowBatchGEMM", "default_rules", "our_rules",
+           "stock_rules", "widen_accumulator"]

@@ -1,0 +1,335 @@
+"""vtc_tvm.schedules: which kernels the small-batch rules take, that their schedules are
+well-formed, compile to CUDA (nvcc) and compute the same function, and the pipeline wiring.
+
+No GPU here: a scheduled kernel's semantics are checked by running it on llvm with its thread
+loops made serial (same loop nest, splits, rfactor and compute-at regions; NOT checked: the GPU
+lowering of the cross-thread sums and barriers, which the H200 script checks end to end).
+"""
+
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax, te, tirx
+from tvm.s_tir.analysis import verify_well_formed
+from tvm.support import nvcc
+
+import vtc_tvm.schedules as S
+from vtc_tvm.rewrite import normalize_loops
+from vtc_tvm.pipeline import _backend, cuda_target, stock_vtc_schedules_pipeline, vtc_pipeline
+from vtc_tvm.schedules import batched_gemv
+
+TARGET = cuda_target()
+SMALL = dict(gemm=S.LowBatchGEMM(min_weight=1), attn=S.DecodeAttention(min_context=8),
+             gemm1=S.LowBatchGEMM(min_weight=1))
+
+
+# -- kernels -----------------------------------------------------------------------------------
+def _func(tensors):
+    return te.create_prim_func(tensors).without_attr("global_symbol")
+
+
+def projection(M=16, K=512, N=256, dtype="float16", epilogue=False, w_nk=False):
+    """``C[m, 0, n] = sum_k A[m, 0, k] * W[k, n]`` (``W[n, k]`` with w_nk), optionally ``+ X``."""
+    A = te.placeholder((M, 1, K), dtype, "A")
+    W = te.placeholder((N, K) if w_nk else (K, N), dtype, "W")
+    k = te.reduce_axis((0, K), "k")
+    C = te.compute((M, 1, N), lambda i, s, j: te.sum(A[i, s, k] * (W[j, k] if w_nk else W[k, j]), axis=k),
+                   name="matmul")
+    if not epilogue:
+        return _func([A, W, C])
+    X = te.placeholder((M, 1, N), dtype, "X")
+    return _func([A, W, X, te.compute((M, 1, N), lambda i, s, j: C[i, s, j] + X[i, s, j], name="T_add")])
+
+
+def mapped_projection(M=4, heads=4, D=32, N=64, dtype="float16"):
+    """The vtc form of the output projection: ``A`` read as ``A[b, k // D, 0, k % D]``."""
+    A = te.placeholder((M, heads, 1, D), dtype, "A")
+    W = te.placeholder((heads * D, N), dtype, "W")
+    k = te.reduce_axis((0, heads * D), "k")
+    C = te.compute((M, 1, N), lambda i, s, j: te.sum(A[i, k // D, 0, k % D] * W[k, j], axis=k), name="matmul")
+    return _func([A, W, C])
+
+
+def gqa_scores(B=2, H=8, KV=2, T=33, D=64, dtype="float16"):
+    """vtc's q K^T over the un-expanded cache: ``S[b, h, 0, t] = sum_d q[b, h, 0, d] K[b, h // g, t, d]``,
+    with ``h`` split into (kv head, group) as vtc's loop normalisation emits it."""
+    q = te.placeholder((B, H, 1, D), dtype, "q")
+    K = te.placeholder((B, KV, T, D), dtype, "K")
+    d = te.reduce_axis((0, D), "d")
+    g = H // KV
+    return normalize_loops(_func([q, K, te.compute(
+        (B, H, 1, T), lambda b, h, s, t: te.sum(q[b, h, s, d] * K[b, h // g, t, d], axis=d), name="matmul")]))
+
+
+def gqa_values(B=2, H=8, KV=2, T=33, D=64, dtype="float16"):
+    """vtc's probs V: ``O[b, h, 0, d] = sum_t P[b, h, 0, t] V[b, h // g, t, d]`` (context reduced)."""
+    p = te.placeholder((B, H, 1, T), dtype, "p")
+    V = te.placeholder((B, KV, T, D), dtype, "V")
+    t = te.reduce_axis((0, T), "t")
+    g = H // KV
+    return normalize_loops(_func([p, V, te.compute(
+        (B, H, 1, D), lambda b, h, s, d: te.sum(p[b, h, s, t] * V[b, h // g, t, d], axis=t), name="matmul")]))
+
+
+def _schedule(rule, func):
+    with TARGET:
+        sch = rule.apply(func, TARGET, False)
+    return None if sch is None else sch.mod["main"]
+
+
+# -- matching ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("make", [lambda: projection(), lambda: projection(epilogue=True),
+                                  lambda: projection(w_nk=True), lambda: mapped_projection(),
+                                  lambda: projection(M=64), lambda: projection(dtype="bfloat16")])
+def test_low_batch_gemm_takes_projections(make):
+    func = _schedule(SMALL["gemm"], make())
+    assert func is not None
+    assert verify_well_formed(func)
+    assert tvm.s_tir.analysis.verify_gpu_code(func, {"max_threads_per_block": 1024,
+                                                      "max_shared_memory_per_block": 48 * 1024})
+
+
+@pytest.mark.parametrize("make", [lambda: projection(M=65), lambda: projection(dtype="float32"),
+                                  lambda: gqa_scores()])
+def test_low_batch_gemm_declines(make):
+    assert _schedule(SMALL["gemm"], make()) is None
+    assert _schedule(S.LowBatchGEMM(min_rows=2, min_weight=1), projection(M=1)) is None
+
+
+def test_low_batch_gemm_default_threshold_declines_small_weights():
+    assert _schedule(S.LowBatchGEMM(), projection(K=512, N=256)) is None
+    assert _schedule(S.LowBatchGEMM(), projection(K=1024, N=1024)) is not None
+
+
+@pytest.mark.parametrize("make", [gqa_scores, gqa_values, lambda: gqa_scores(KV=8)])
+def test_decode_attention_takes_both_gemms(make):
+    func = _schedule(SMALL["attn"], make())
+    assert func is not None and verify_well_formed(func)
+
+
+@pytest.mark.parametrize("make", [lambda: projection(), lambda: gqa_scores(dtype="float32"),
+                                  lambda: gqa_scores(H=64, KV=2)])  # 32 rows per KV head > max_rows
+def test_decode_attention_declines(make):
+    assert _schedule(SMALL["attn"], make()) is None
+
+
+def test_match_classifies_axes():
+    sch, block = batched_gemv.single_reduction(gqa_values(B=2, H=8, KV=2, T=33, D=64))
+    form = batched_gemv.match(sch, block)
+    assert (form.B, form.M, form.N, form.K, form.inner) == (2 * 2, 4, 64, 33, "cols")
+    sch, block = batched_gemv.single_reduction(gqa_scores(B=2, H=8, KV=2, T=33, D=64))
+    form = batched_gemv.match(sch, block)
+    assert (form.B, form.M, form.N, form.K, form.inner) == (2 * 2, 4, 33, 64, "red")
+
+
+# -- semantics (llvm, thread loops serial) ------------------------------------------------------
+def _serial(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    def on_for(loop):
+        if loop.kind == tirx.ForKind.THREAD_BINDING:
+            return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body, None,
+                            loop.annotations)
+        return loop
+
+    body = tvm_ffi.structural_map(func.body, (tirx.For, on_for), order="post")
+    return tirx.PrimFunc(func.params, body, ret_type=func.ret_type, attrs=func.attrs).with_attr("global_symbol", "k")
+
+
+def _run_llvm(func, arrays):
+    lib = tvm.tirx.build(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target="llvm")
+    args = [tvm.runtime.tensor(a) for a in arrays]
+    lib["k"](*args)
+    return args[-1].numpy()
+
+
+def _inputs(func, rng):
+    return [rng.uniform(-1, 1, [int(s) for s in p.shape]).astype(str(p.dtype)) for p in func.params]
+
+
+@pytest.mark.parametrize("rule,make", [
+    ("gemm", lambda: projection(M=4, K=256, N=128, epilogue=True)),
+    ("gemm1", lambda: projection(M=1, K=512, N=256, epilogue=True)),  # lanes along the columns
+    ("gemm", lambda: projection(M=3, K=96, N=40, w_nk=True)),
+    ("gemm", lambda: mapped_projection()),
+    ("attn", lambda: gqa_scores()),
+    ("attn", lambda: gqa_values()),
+])
+def test_schedule_preserves_semantics(rule, make):
+    """The scheduled kernel (threads serial) computes what the widened, unscheduled one does, up
+    to the order of the float32 sums (final outputs round to fp16 once: <= 1 ulp apart)."""
+    func = make()
+    scheduled = _schedule(SMALL[rule], func)
+    widened = batched_gemv.prepare(func)[0].mod["main"]
+    arrays = _inputs(func, np.random.default_rng(7))
+    want = _run_llvm(widened, [a.copy() for a in arrays]).astype(np.float64)
+    got = _run_llvm(_serial(scheduled), [a.copy() for a in arrays]).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=2 ** -10, atol=2 ** -10 * np.abs(want).max())
+    assert np.abs(want).max() > 1  # not a vacuous comparison of zeros
+
+
+@pytest.mark.parametrize("tiling", [batched_gemv.Tiling(2, 8, 2, 3), batched_gemv.Tiling(1, 32, 1, 2),
+                                    batched_gemv.Tiling(4, 4, 4, 1), batched_gemv.Tiling(8, 4, 2, 1, "cols"),
+                                    batched_gemv.Tiling(16, 2, 1, 3, "cols")])
+@pytest.mark.parametrize("make", [lambda: projection(M=4, K=256, N=128, epilogue=True), lambda: gqa_values(),
+                                  lambda: gqa_scores(T=80, D=64)])
+def test_split_tilings_preserve_semantics(make, tiling):
+    """Reduction split over blocks (float32 partials + a second kernel), odd splits included."""
+    func = make()
+    sch, form, epilogue = batched_gemv.prepare(func)
+    scheduled = batched_gemv.schedule(sch, form, epilogue, tiling).mod["main"]
+    assert verify_well_formed(scheduled)
+    arrays = _inputs(func, np.random.default_rng(11))
+    want = _run_llvm(batched_gemv.prepare(func)[0].mod["main"], [a.copy() for a in arrays]).astype(np.float64)
+    got = _run_llvm(_serial(scheduled), [a.copy() for a in arrays]).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=2 ** -10, atol=2 ** -10 * np.abs(want).max())
+
+
+def test_unaligned_weight_reads_are_not_vectorised():
+    """A weight read at a column offset (a slice) gets scalar loads: a 128-bit load would fault."""
+    A = te.placeholder((4, 1, 256), "float16", "A")
+    W = te.placeholder((256, 136), "float16", "W")
+    k = te.reduce_axis((0, 256), "k")
+    C = te.compute((4, 1, 128), lambda i, s, j: te.sum(A[i, s, k] * W[k, j + 3], axis=k), name="matmul")
+    sch, form, _ = batched_gemv.prepare(_func([A, W, C]))
+    assert not form.aligned and batched_gemv.plan(form, TARGET).vec == 1
+    sch, form, _ = batched_gemv.prepare(projection(M=4, K=256, N=128))
+    assert form.aligned and batched_gemv.plan(form, TARGET).vec == 8
+
+
+def test_plan_lane_orientation():
+    """One row (batch-1 GEMV): lanes along the contiguous columns; 16 rows: along the reduction."""
+    _, one, _ = batched_gemv.prepare(projection(M=1, K=4096, N=4096))
+    _, many, _ = batched_gemv.prepare(projection(M=16, K=4096, N=4096))
+    assert batched_gemv.plan(one, TARGET).lanes == "cols" and batched_gemv.plan(many, TARGET).lanes == "red"
+
+
+def test_float32_accumulation_is_more_accurate():
+    """A 4096-long fp16 reduction (a decode attention over the whole cache): the widened sum is
+    within output rounding of float64, fp16 accumulation is not."""
+    func = gqa_values(B=1, H=4, KV=2, T=4096, D=16)
+    rng = np.random.default_rng(3)
+    p = rng.uniform(0, 1, (1, 4, 1, 4096)).astype("float16")
+    v = rng.uniform(-1, 1, (1, 2, 4096, 16)).astype("float16")
+    ref = np.einsum("bhst,bhtd->bhsd", p.astype(np.float64), v.astype(np.float64)[:, [0, 0, 1, 1]])
+    zeros = np.zeros((1, 4, 1, 16), "float16")
+    half = _run_llvm(func, [p, v, zeros.copy()])
+    wide = _run_llvm(_serial(_schedule(SMALL["attn"], func)), [p, v, zeros.copy()])
+    err = lambda o: np.linalg.norm(o.astype(np.float64) - ref) / np.linalg.norm(ref)
+    assert err(wide) < 1e-3 < err(half)
+
+
+# -- CUDA ---------------------------------------------------------------------------------------
+def test_cuda_source_compiles_with_nvcc():
+    funcs = {"gemm": _schedule(SMALL["gemm"], projection(epilogue=True)),
+             "scores": _schedule(SMALL["attn"], gqa_scores()), "values": _schedule(SMALL["attn"], gqa_values())}
+    mod = tvm.IRModule({n: f.with_attr("global_symbol", n) for n, f in funcs.items()})
+    with TARGET:
+        lib = tvm.tirx.build(mod, target=TARGET)
+    src = lib.imports[0].inspect_source()
+    assert "__shfl_down_sync" in src  # the cross-lane sums are warp shuffles
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH: CUDA source generated but not compiled")
+    with TARGET:
+        assert nvcc.compile_cuda(src, target_format="ptx", arch="sm_90", compiler="nvcc")
+
+
+# -- wiring -------------------------------------------------------------------------------------
+def test_default_rules_are_ours_then_tvms():
+    stock = [p for p in _backend(TARGET).legalize_passes(TARGET) if p.info.name == "ApplyDefaultSchedule"][0].rules
+    rules = S.default_rules(TARGET)
+    assert [type(r) for r in rules[:2]] == [S.DecodeAttention, S.LowBatchGEMM]
+    assert [type(r) for r in rules[2:]] == [type(r) for r in stock]
+    assert "ApplyDefaultSchedule" in S.ApplySchedules(TARGET).info.name
+
+
+def test_pipelines_registered_and_checked():
+    assert "stock_vtc_schedules" in relax.pipeline.PIPELINE_MAP
+    assert relax.get_pipeline("stock_vtc_schedules", target=TARGET).info.name == "stock_vtc_schedules"
+    assert relax.get_pipeline("vtc", target=TARGET, schedules="vtc").info.name == "vtc_pipeline"
+    with pytest.raises(ValueError, match="schedules"):
+        vtc_pipeline(TARGET, schedules="fast")
+
+
+def _cuda_source(ex) -> str:
+    def find(m):
+        if m.kind == "cuda":
+            return m.inspect_source()
+        return next((s for s in (find(sub) for sub in m.imports) if s), "")
+
+    return find(ex.mod)
+
+
+def _small_decode(dtype="float16"):
+    from benchmarks.workloads import WORKLOADS
+
+    wl = WORKLOADS["llama_decode"]
+    return wl.build(wl.config("small", 2, dtype))
+
+
+@pytest.mark.slow
+def test_decode_layer_builds_with_our_schedules():
+    """A decode layer just large enough for the default thresholds (weights of 1024 x 1024, a
+    256-long cache) through both pipelines that use our rules: it builds, and our rules (not
+    DLight's) scheduled its attention GEMMs, read through the virtual tensors' mappings, and
+    its projections."""
+    from benchmarks.workloads import WORKLOADS
+    from vtc_tvm.pipeline import fusion_passes
+    from vtc_tvm.transform import VirtualTensorize
+
+    wl = WORKLOADS["llama_decode"]
+    mod = wl.build(wl.config("small", 2, "float16").__class__.small(
+        hidden=1024, intermediate=1024, ctx=256, batch=2, seq=1, dtype="float16"))
+    for pipe in (vtc_pipeline(TARGET, schedules="vtc"), stock_vtc_schedules_pipeline(TARGET)):
+        ex = tvm.compile(mod, target=TARGET, relax_pipeline=pipe)
+        assert "__global__" in _cuda_source(ex)
+
+    with TARGET:
+        virtual = VirtualTensorize(target=TARGET, memory_guard=True)(mod)
+        ours, dlight = (tvm.transform.Sequential(fusion_passes(TARGET, schedules=s))(virtual) for s in ("vtc", "dlight"))
+    changed = {gv.name_hint for gv, f in ours.functions.items()
+               if isinstance(f, tirx.PrimFunc) and not tvm_ffi.structural_equal(f, dlight[gv.name_hint])}
+    mapped = {gv.name_hint for gv, f in dlight.functions.items()
+              if isinstance(f, tirx.PrimFunc) and "vtc.virtual_inputs" in (f.attrs or {}) and "matmul" in gv.name_hint}
+    assert len(mapped) >= 2 and mapped <= changed  # q K^T and probs V over the un-expanded cache
+    # + gate, up and down (1024 x 1024 weights); q/k/v/o (<= 1024 x 256) fall under min_weight
+    assert len([n for n in changed - mapped if "matmul" in n]) == 3
+
+
+@pytest.mark.slow
+def test_h200_script_dry_run(tmp_path):
+    """benchmarks/schedules_h200.py end to end on llvm at the small size (float32, one batch)."""
+    from benchmarks import schedules_h200
+
+    result = schedules_h200.main(["--target", "llvm", "--size", "small", "--batch", "1", "--workloads",
+                                  "llama_decode", "--number", "1", "--repeat", "1", "--out", str(tmp_path)])
+    (row,) = result["rows"]
+    assert set(row["variants"]) == set(schedules_h200.VARIANTS)
+    for res in row["variants"].values():
+        assert res["numerics_ok"] and res["ms"] > 0, res
+    assert (tmp_path / "schedules_h200.json").exists()
+
+
+@pytest.mark.slow
+def test_h200_sweep_candidates_build_for_cuda():
+    """Every candidate of the H200 script's kernel sweep schedules and builds for CUDA (small
+    layer: the timing itself needs the GPU)."""
+    from benchmarks import schedules_h200
+
+    found = schedules_h200.sweep_candidates(2, "small", TARGET, rules=list(SMALL.values()))
+    assert {"DecodeAttention", "LowBatchGEMM"} <= {info["rule"] for info, _ in found.values()}
+    info, makes = next(iter(found.values()))
+    funcs = {label.replace("-", "_"): make().with_attr("global_symbol", label) for label, make in makes.items()}
+    with TARGET:
+        lib = tvm.tirx.build(tvm.IRModule(funcs), target=TARGET)
+    assert lib.imports[0].inspect_source().count("__global__") >= len(funcs)
+
+
+def test_h200_kernel_timer_runs_on_llvm():
+    """The sweep's one-kernel timer (tvm.compile of a PrimFunc + time_evaluator) works; on the
+    H200 it times the CUDA kernels."""
+    from benchmarks.schedules_h200 import _time_kernel
+
+    us, nbytes = _time_kernel(projection(M=2, K=64, N=32), tvm.target.Target("llvm"), tvm.cpu(), 2, 2)
+    assert us > 0 and nbytes == (2 * 64 + 64 * 32 + 2 * 32) * 2
