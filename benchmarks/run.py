@@ -55,7 +55,8 @@ from .workloads import WORKLOADS, is_weight, load_torch, torch_module
 
 SUITES = {"paper": ["llama_decode", "llama_prefill", "gemma2_decode", "effvit_attn", "yolo_c3k2",
                     "shufflenet_unit", "shufflenet_v2"],
-          "whole": list(WHOLE_WORKLOADS)}  # whole ONNX models (benchmarks/whole_models.py), no torch twin
+          "whole": list(WHOLE_WORKLOADS),  # whole ONNX models (benchmarks/whole_models.py), no torch twin
+          "static_cache": ["llama_decode_static", "gemma2_decode_static"]}
 CASES = {**WORKLOADS, **WHOLE_WORKLOADS}
 MIB = 2 ** 20
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -233,7 +234,8 @@ def run_case(wl, batch, args, target, dev, torch):
         row["tune_s"] = round(time.time() - t0, 2)
 
     exes, fused = {}, {}
-    vtc_options = {"memory_guard": True, **(getattr(args, "vtc_options", None) or {})}  # as vtc_pipeline
+    vtc_options = {"memory_guard": True, "inplace": getattr(wl, "inplace", ()),  # as vtc_pipeline; updatable caches
+                   **(getattr(args, "vtc_options", None) or {})}
     for variant in ("stock", "vtc"):
         t0 = time.time()
         stats = {}

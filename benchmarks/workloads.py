@@ -76,6 +76,7 @@ class Gemma2Config:
     query_pre_attn_scalar: float = 256.0
     eps: float = 1e-6
     dtype: str = "float32"
+    kv_cache: str = "grow"  # or "static": see vtc_tvm.models.LlamaConfig
 
     @classmethod
     def small(cls, **kw):
@@ -90,8 +91,9 @@ class Gemma2Config:
 def gemma2_params(cfg: Gemma2Config):
     B, S, T, D, dt = cfg.batch, cfg.seq, cfg.ctx + cfg.seq, cfg.head_dim, cfg.dtype
     H, KV, hid, ffn = cfg.heads, cfg.kv_heads, cfg.hidden, cfg.intermediate
-    return [("x", (B, S, hid)), ("cos", (B, S, D)), ("sin", (B, S, D)), ("past_k", (B, KV, cfg.ctx, D)),
-            ("past_v", (B, KV, cfg.ctx, D)), ("mask", (B, 1, S, T)), ("input_norm", (hid,)),
+    C = models.kv_cache_len(cfg)
+    return [("x", (B, S, hid)), ("cos", (B, S, D)), ("sin", (B, S, D)), ("past_k", (B, KV, C, D)),
+            ("past_v", (B, KV, C, D)), ("mask", (B, 1, S, T)), ("input_norm", (hid,)),
             ("w_q", (hid, H * D)), ("w_k", (hid, KV * D)), ("w_v", (hid, KV * D)), ("w_o", (H * D, hid)),
             ("post_attn_norm", (hid,)), ("pre_ffw_norm", (hid,)), ("w_gate", (hid, ffn)),
             ("w_up", (hid, ffn)), ("w_down", (ffn, hid)), ("post_ffw_norm", (hid,))], dt
@@ -131,8 +133,7 @@ def gemma2_decoder_layer(cfg: Gemma2Config) -> tvm.IRModule:
         q, k, v = (heads(emit(R.matmul(h, w)), n) for w, n in ((w_q, H), (w_k, KV), (w_v, KV)))
         c, s = emit(R.expand_dims(cos, 1)), emit(R.expand_dims(sin, 1))
         q, k = rope(q, c, s), rope(k, c, s)
-        new_k = emit(R.concat([past_k, k], axis=2))
-        new_v = emit(R.concat([past_v, v], axis=2))
+        new_k, new_v = (emit(models.append_kv(cfg, past, t)) for past, t in ((past_k, k), (past_v, v)))
         kt = emit(R.permute_dims(repeat_kv(new_k), [0, 1, 3, 2]))
         scale = relax.const(cfg.query_pre_attn_scalar ** -0.5, dt)
         scores = emit(R.astype(emit(R.multiply(emit(R.matmul(q, kt)), scale)), "float32"))
@@ -417,6 +418,7 @@ class Workload:
     real_overrides: Dict = dataclasses.field(default_factory=dict)
     small_overrides: Dict = dataclasses.field(default_factory=dict)
     inputs_fn: Callable = None  # (mod, cfg, seed) -> list of numpy arrays
+    inplace: tuple = ()  # parameters vtc may update in place (VirtualTensorize(inplace=...))
     description: str = ""
 
     def config(self, size="small", batch=None, dtype="float32"):
@@ -455,6 +457,12 @@ def _repeat_kv(t, n_rep):
     return t[:, :, None].expand(B, KV, n_rep, T, D).reshape(B, KV * n_rep, T, D)
 
 
+def _append_kv(cfg, past, new):
+    import torch
+
+    return torch.cat([past[:, :, :cfg.ctx], new], dim=2)  # (grow: all of past; static: its first ctx rows)
+
+
 def _llama_torch(P, cfg: LlamaConfig, x, cos, sin, past_k, past_v, mask=None):
     import torch
 
@@ -467,7 +475,7 @@ def _llama_torch(P, cfg: LlamaConfig, x, cos, sin, past_k, past_v, mask=None):
     q, k, v = heads(h @ P["w_q"], H), heads(h @ P["w_k"], KV), heads(h @ P["w_v"], KV)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     q, k = _rope(q, cos, sin, D), _rope(k, cos, sin, D)
-    new_k, new_v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+    new_k, new_v = _append_kv(cfg, past_k, k), _append_kv(cfg, past_v, v)
     scores = (q @ _repeat_kv(new_k, H // KV).transpose(-1, -2)) * (1 / math.sqrt(D))
     if mask is not None:
         scores = scores + mask
@@ -494,7 +502,7 @@ def _gemma2_torch(P, cfg: Gemma2Config, x, cos, sin, past_k, past_v, mask):
     q, k, v = heads(h @ P["w_q"], H), heads(h @ P["w_k"], KV), heads(h @ P["w_v"], KV)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     q, k = _rope(q, cos, sin, D), _rope(k, cos, sin, D)
-    new_k, new_v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
+    new_k, new_v = _append_kv(cfg, past_k, k), _append_kv(cfg, past_v, v)
     scores = ((q @ _repeat_kv(new_k, H // KV).transpose(-1, -2)) * cfg.query_pre_attn_scalar ** -0.5).float()
     scores = torch.tanh(scores / cfg.softcap) * cfg.softcap + mask.float()
     probs = torch.softmax(scores, dim=-1).to(x.dtype)
@@ -586,6 +594,16 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
     Workload("gemma2_decode", Gemma2Config, gemma2_decoder_layer, _gemma2_torch,
              inputs_fn=_gemma2_inputs,
              description="Gemma-2-9B decoder layer (local attention, window 4096, softcap 50), decode, cache 4096"),
+    # HF's StaticCache: the caches have rows reserved for the new token, updated in place by vtc
+    # (stock copies the whole cache in its slice_scatter).
+    Workload("llama_decode_static", LlamaConfig, models.llama_decoder_layer, _llama_torch,
+             real_overrides=dict(ctx=4096, seq=1, kv_cache="static"), small_overrides=dict(seq=1, kv_cache="static"),
+             inplace=("past_k", "past_v"),
+             description="Llama-3-8B decoder layer, decode 1 token, static KV cache 4096 + 1 updated in place"),
+    Workload("gemma2_decode_static", Gemma2Config, gemma2_decoder_layer, _gemma2_torch,
+             real_overrides=dict(kv_cache="static"), small_overrides=dict(kv_cache="static"),
+             inputs_fn=_gemma2_inputs, inplace=("past_k", "past_v"),
+             description="Gemma-2-9B decoder layer, decode, static KV cache 4096 + 1 updated in place"),
     Workload("effvit_attn", EffViTConfig, effvit_attention, _effvit_torch,
              description="EfficientViT-B1 LiteMLA block (128 ch, 32x32, scales (5,)) + residual"),
     Workload("yolo_c3k2", C3k2Config, yolo_c3k2, _c3k2_torch,

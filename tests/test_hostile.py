@@ -115,8 +115,9 @@ def check_case(c: Case, variant: str, rng):
         if c.post is not None:
             c.post(out, report, variant)
         vm = _compile(out, _default())
-    for entry in report:
-        assert set(entry) == {"tensor", "consumer", "virtual", "reason"}, entry
+    for entry in report:  # (store-side entries say so: "side": "store")
+        assert set(entry) - {"side"} == {"tensor", "consumer", "virtual", "reason"}, entry
+        assert entry.get("side", "store") == "store", entry
     for (f, args), exp in zip(inputs, expected):
         assert_same(_call(vm, f, args), exp, f"{variant} vs stock ({f})")
 

@@ -8,7 +8,8 @@ Store side: the inputs of a concat become views of the concat's output, and the 
 produce them store straight into their slice (the "vtc" pipeline does this after FuseTIR).
 In place: ``VirtualTensorize(inplace=["cache"])`` lets a scatter into the ``cache`` parameter
 write only the new rows into the caller's tensor, instead of copying the whole cache; and when a
-kernel of ours computes those rows (a K projection), it stores them into the cache itself.
+kernel of ours computes those rows (a K projection), it stores them into the cache itself, even
+through the head-major reshape + transpose between them (a V projection into a static cache).
 It runs on the CPU (its checks read CPU kernel names; on CUDA, see the README's limits of the
 in-place updates).
 
@@ -114,5 +115,31 @@ ex = tvm.compile(proj, target=target, relax_pipeline=vtc_pipeline(target, inplac
 relax.VirtualMachine(ex, tvm.cpu())["main"](cache_tvm, *map(tvm.runtime.tensor, (x_np, wk_np, cos_np, where_np)))
 expected = cache_np.copy()
 expected[:, :, pos] = (x_np @ wk_np).reshape(B, H, D) * cos_np[:, 0]
+np.testing.assert_allclose(cache_tvm.numpy(), expected, rtol=1e-5, atol=1e-5)
+
+# %%
+# A V projection into a static cache
+# ----------------------------------
+# The cache has rows reserved for the new token (HF's StaticCache). The GEMM itself stores
+# head-major into those rows: its store index is the inverse of the reshape + transpose, proven
+# one-to-one by ``vtc_tvm.inverse``. No copy kernel, and no V tensor of its own.
+bb = relax.BlockBuilder()
+with bb.function("main", [cache, x, wk]):
+    with bb.dataflow():
+        v = bb.emit(R.permute_dims(bb.emit(R.reshape(bb.emit(R.matmul(x, wk)), (B, 1, H, D))), [0, 2, 1, 3]))
+        out = bb.emit_output(R.slice_scatter(cache, v, pos, pos + 1, 1, axis=2))
+    bb.emit_func_output(out)
+vproj = bb.get()
+decisions = []
+with target:
+    lowered = vtc_pipeline(target, inplace=["cache"], report=decisions)(vproj)
+kernels = sorted(gv.name_hint for gv, f in lowered.functions_items() if isinstance(f, tvm.tirx.PrimFunc))
+print("kernels:", kernels, "-", [d["reason"] for d in decisions if d.get("side") == "store"])
+assert len(kernels) == 1 and "_into_" in kernels[0]
+cache_tvm = tvm.runtime.tensor(cache_np)
+ex = tvm.compile(vproj, target=target, relax_pipeline=vtc_pipeline(target, inplace=["cache"]))
+relax.VirtualMachine(ex, tvm.cpu())["main"](cache_tvm, *map(tvm.runtime.tensor, (x_np, wk_np)))
+expected = cache_np.copy()
+expected[:, :, pos] = (x_np @ wk_np).reshape(B, H, D)
 np.testing.assert_allclose(cache_tvm.numpy(), expected, rtol=1e-5, atol=1e-5)
 print("concat producers and the in-place KV cache agree with stock TVM / numpy")

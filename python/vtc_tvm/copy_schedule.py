@@ -10,6 +10,11 @@ the piece conditions are evaluated once per vector.
 
 :func:`ScheduleCopies` applies it to the pure-copy kernels of a module before DLight runs (the
 ``"vtc"`` pipeline does this on GPU targets); anything it cannot prove is left to DLight.
+
+Element-wise kernels that DLight's default rules fail on (its analysis asserted on the
+data-dependent store index of an in-place ``scatter_elements`` written with a select) get
+:func:`schedule_update` instead of no schedule at all: one thread per element, vectorised where
+the innermost axis is read and written unit-stride and aligned.
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ from __future__ import annotations
 from typing import Optional
 
 import tvm
+import tvm_ffi
 from tvm import tirx
 
 from .analysis import _non_root_blocks, index_copy_mapping
 from .mapping import Mapping, _i64, _substitute, row_major_strides
+from .rewrite import NotRewritable, check_schedulable
 
 VECTOR_BYTES = 16
 THREADS = 256
@@ -70,12 +77,83 @@ def schedule_copy(func: tirx.PrimFunc, target) -> Optional[tirx.PrimFunc]:
         loops = sch.get_loops(sch.get_sblock(blocks[-1].name_hint))
         outer, vec = sch.split(loops[-1], [None, lanes])
         bx, tx = sch.split(sch.fuse(*loops[:-1], outer), [None, THREADS])
-    except tvm.error.TVMError:
+    except RuntimeError:
         return None
     sch.bind(bx, "blockIdx.x")
     sch.bind(tx, "threadIdx.x")
     sch.vectorize(vec)
     return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def schedule_update(func: tirx.PrimFunc, target) -> Optional[tirx.PrimFunc]:
+    """``func`` (one spatial block writing its output, after inlining any injective blocks
+    before it) scheduled one element per thread on a GPU target, the innermost axis vectorised
+    where every access uses it as its unit-stride last index and every buffer's rows are a
+    multiple of the vector; None when it is not such a kernel.
+
+    Limits: 1. static extents of the innermost axis for vectorising (else one element per thread);
+    2. the block must be data-parallel (no reduction, no init)."""
+    if target is None or "gpu" not in target.keys:
+        return None
+    blocks = _non_root_blocks(func)
+    if not blocks or any(iv.iter_type != 0 for b in blocks for iv in b.iter_vars) \
+            or any(b.init is not None for b in blocks):
+        return None
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    try:
+        for block in blocks[:-1]:
+            sch.compute_inline(sch.get_sblock(block.name_hint))
+        block = sch.get(sch.get_sblock(blocks[-1].name_hint))
+        loops = sch.get_loops(sch.get_sblock(blocks[-1].name_hint))
+        lanes = _update_lanes(block)
+        if lanes > 1:
+            outer, vec = sch.split(loops[-1], [None, lanes])
+            loops = list(loops[:-1]) + [outer]
+        bx, tx = sch.split(sch.fuse(*loops), [None, THREADS])
+    except RuntimeError:
+        return None
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    if lanes > 1:
+        sch.vectorize(vec)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
+def _update_lanes(block) -> int:
+    """The vector width of :func:`schedule_update` for ``block`` (1: none)."""
+    from tvm.ir import TensorLoad
+
+    if not block.iter_vars or not isinstance(block.iter_vars[-1].dom.extent, tirx.IntImm):
+        return 1
+    last, extent = block.iter_vars[-1].var, int(block.iter_vars[-1].dom.extent)
+    accesses = []
+    tvm_ffi.structural_walk(block.body, [(TensorLoad, accesses.append), (tirx.BufferStore, accesses.append)])
+    buffers = [a.source if isinstance(a, TensorLoad) else a.buffer for a in accesses]
+    if not accesses or not all(a.indices and a.indices[-1].same_as(last) for a in accesses) \
+            or any(any(v.same_as(last) for i in a.indices[:-1] for v in tirx.analysis.undefined_vars(i))
+                   for a in accesses):
+        return 1
+    dtype = block.body.buffer.dtype if isinstance(block.body, tirx.BufferStore) else None
+    if dtype is None:
+        return 1
+    lanes = VECTOR_BYTES // max(tvm.runtime.DataType(dtype).bits // 8, 1)
+    while lanes > 1 and not (extent % lanes == 0 and all(
+            isinstance(b.shape[-1], tirx.IntImm) and int(b.shape[-1]) % lanes == 0 for b in buffers)):
+        lanes //= 2
+    return lanes
+
+
+def _unschedulable_by_dlight(func, target) -> bool:
+    """Whether ``func`` is a single data-parallel update that DLight's default rules fail on."""
+    blocks = _non_root_blocks(func)
+    if target is None or "gpu" not in target.keys or not 0 < len(blocks) <= 2 \
+            or any(iv.iter_type != 0 for b in blocks for iv in b.iter_vars):
+        return False  # (cheap tests first: DLight is tried on few kernels)
+    try:
+        check_schedulable(func, target)
+    except NotRewritable:
+        return True
+    return False
 
 
 def ScheduleCopies(target=None) -> tvm.transform.Pass:
@@ -89,6 +167,8 @@ def ScheduleCopies(target=None) -> tvm.transform.Pass:
         for gv, func in mod.functions_items():
             if isinstance(func, tirx.PrimFunc) and "tirx.is_scheduled" not in (func.attrs or {}):
                 scheduled = schedule_copy(func, tgt)
+                if scheduled is None and _unschedulable_by_dlight(func, tgt):
+                    scheduled = schedule_update(func, tgt)
                 if scheduled is not None:
                     updates[gv] = scheduled
         for gv, func in updates.items():

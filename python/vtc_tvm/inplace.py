@@ -68,7 +68,7 @@ def _scatter_elements(call, index_buf):
 
     def store_index(v):
         i = _load_index(index_buf, list(v))
-        i = tirx.if_then_else(i < 0, i + shape[axis], i)  # TOPI shifts negative indices
+        i = tirx.floormod(i, shape[axis])  # TOPI shifts negative indices by the extent (valid ones: the same)
         return [i if a == axis else vi for a, vi in enumerate(v)]
 
     return updates, indices, store_index

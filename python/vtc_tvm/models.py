@@ -34,6 +34,10 @@ class LlamaConfig:
     seq: int = 1  # new tokens: 1 = decode, > 1 = prefill (then a causal mask is an input)
     eps: float = 1e-5
     dtype: str = "float32"
+    # "grow": new_k = concat(past_k, k), a new tensor; "static": past_k has room for the new
+    # tokens (ctx + seq rows), which are written at rows ctx.. (slice_scatter; HF's StaticCache):
+    # with VirtualTensorize(inplace=["past_k", "past_v"]) the cache is updated in place.
+    kv_cache: str = "grow"
 
     @classmethod
     def small(cls, **kw) -> "LlamaConfig":
@@ -77,6 +81,21 @@ def _finish(bb: relax.BlockBuilder, params, build) -> tvm.IRModule:
     return bb.get()
 
 
+def kv_cache_len(cfg) -> int:
+    """Rows of the ``past_k``/``past_v`` inputs: the past (``grow``) or past + new (``static``)."""
+    if cfg.kv_cache not in ("grow", "static"):
+        raise ValueError(f"kv_cache must be 'grow' or 'static', not {cfg.kv_cache!r}")
+    return cfg.ctx + (cfg.seq if cfg.kv_cache == "static" else 0)
+
+
+def append_kv(cfg, past, new):
+    """The cache with the new rows at ``ctx..``: a concat (``grow``) or a ``slice_scatter`` into
+    the rows reserved for them (``static``)."""
+    if cfg.kv_cache == "static":
+        return R.slice_scatter(past, new, cfg.ctx, cfg.ctx + cfg.seq, 1, axis=2)
+    return R.concat([past, new], axis=2)
+
+
 def llama_decoder_layer(cfg: LlamaConfig = LlamaConfig.small()) -> tvm.IRModule:
     """Llama-3 decoder layer as HF ``LlamaDecoderLayer`` traces it (eager attention, KV cache).
 
@@ -88,12 +107,13 @@ def llama_decoder_layer(cfg: LlamaConfig = LlamaConfig.small()) -> tvm.IRModule:
     assert H % KV == 0 and D % 2 == 0
     bb = relax.BlockBuilder()
     emit = bb.emit
+    cache_len = kv_cache_len(cfg)
     params = [
         _param("x", (B, S, hid), dt),
         _param("cos", (B, S, D), dt),
         _param("sin", (B, S, D), dt),
-        _param("past_k", (B, KV, cfg.ctx, D), dt),
-        _param("past_v", (B, KV, cfg.ctx, D), dt),
+        _param("past_k", (B, KV, cache_len, D), dt),
+        _param("past_v", (B, KV, cache_len, D), dt),
     ]
     if S > 1:
         params.append(_param("mask", (B, 1, S, T), dt))
@@ -132,8 +152,7 @@ def llama_decoder_layer(cfg: LlamaConfig = LlamaConfig.small()) -> tvm.IRModule:
         cos = emit(R.expand_dims(cos, 1))  # unsqueeze(1): broadcast over heads
         sin = emit(R.expand_dims(sin, 1))
         q, k = rope(q, cos, sin), rope(k, cos, sin)
-        new_k = emit(R.concat([past_k, k], axis=2))
-        new_v = emit(R.concat([past_v, v], axis=2))
+        new_k, new_v = (emit(append_kv(cfg, past, t)) for past, t in ((past_k, k), (past_v, v)))
         kt = emit(R.permute_dims(repeat_kv(new_k), [0, 1, 3, 2]))
         scores = emit(R.multiply(emit(R.matmul(q, kt)), relax.const(1 / math.sqrt(D), dt)))
         if mask is not None:

@@ -1,27 +1,34 @@
-"""Store side: producers write straight into the concat or in-place update that consumes them.
+"""Store side: producers write straight into the copy or in-place update that consumes them.
 
 Pattern (after ``FuseOps``/``FuseTIR``, where producers are final kernels)::
 
-    a = call_tir(producer_a, ...)            # used only by the concat
-    b = call_tir(producer_b, ...)            # used only by the concat
-    c = call_tir(concatenate, (a, x, b))     # a pure index copy with one offset slice per input
+    a = call_tir(producer_a, ...)            # used only by the copy
+    b = call_tir(producer_b, ...)            # used only by the copy
+    c = call_tir(copy, (a, x, b))            # a pure index copy: c[v] = a[G_a(v)] where ..., etc.
 
-Rewrite: ``a`` and ``b`` become virtual views of ``c``; their producers store into their slice::
+When each piece of the copy is one-to-one onto its source (a concat slice, a permute, a
+head-major ``reshape o permute``, a channel shuffle after a concat: :mod:`vtc_tvm.inverse`
+proves it and computes ``H = G^-1``), ``a`` and ``b`` become views of ``c``: their producers
+store element ``i`` at ``c[H(i)]``::
 
     c0 = call_tir(producer_a_into, ..., out_ty=c)                      # allocates c
     c1 = call_tir_inplace(producer_b_into, (..., c0), [k], out_ty=c)
-    c  = call_tir_inplace(copy_into, (x, c1), [1], out_ty=c)           # inputs without a producer
+    c  = call_tir_inplace(copy_into, (x, c1), [1], out_ty=c)           # the piece without a producer
 
 The same for the in-place updates of :mod:`vtc_tvm.inplace` (a KV-cache row written at positions
-read from an index tensor)::
+read from an index tensor, or read through a mapping such as the head-major transpose of V)::
 
     rows = call_tir(k_proj_rope, ...)                                   # used only by the update
     cache = call_tir_inplace(scatter_nd_inplace, (rows, idx, cache), [2])
     ->
     cache = call_tir_inplace(k_proj_rope_into_cache, (..., idx, cache), [n])
 
-A tensor has one physical home: an input used anywhere else (a second concat, another consumer,
-a function output) keeps its own buffer and is copied, exactly like stock TVM does.
+A tensor has one physical home (one store layout): an input used anywhere else (a second copy,
+another consumer, a function output) keeps its own buffer and is copied, exactly like stock TVM
+does (:func:`select_store_edges`, which a global plan can override through the PrimFunc attribute
+``vtc.store_side``). Every refusal is logged with its reason. On GPU targets a redirected
+producer must keep its DLight rule (:func:`vtc_tvm.rewrite.best_schedulable`). At most one piece
+stays a copy (more would launch more kernels than stock's one copy).
 """
 
 from __future__ import annotations
@@ -37,65 +44,117 @@ from tvm.ir import Op, TensorLoad
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .analysis import _non_root_blocks, call_tir_kernel, index_copy_mapping
-from .mapping import Mapping, _substitute
-from .rewrite import NotRewritable, best_schedulable, offset_index, redirect_output
+from .inverse import NotOneToOne, piece_box, store_maps
+from .mapping import Mapping, _substitute, row_major_strides
+from .rewrite import NotRewritable, best_schedulable, redirect_output
 
 logger = logging.getLogger("vtc_tvm")
 CALL_TIR_INPLACE = Op.get("relax.call_tir_inplace")
-
-
-def concat_offsets(mapping: Mapping) -> Optional[list]:
-    """Per source, the constant offset of its slice in the output, if ``mapping`` is a concat
-    (every piece reads one distinct source at ``v - offset``, and each source lies wholly inside
-    the output: its producer writes all of it there); else None. A slice reads ``v + offset``
-    too, but its source is larger than its output: redirected, its producer would write out of
-    bounds."""
-    if len(mapping.pieces) != len(mapping.sources):
-        return None
-    ana = mapping.analyzer()
-    offsets = [None] * len(mapping.sources)
-    for p in mapping.pieces:
-        if p.source is None or offsets[p.source] is not None or len(p.indices) != len(mapping.vars):
-            return None  # (a reshape from a 0-d tensor is not a slice of the output)
-        shift = [ana.simplify(v - i) for v, i in zip(mapping.vars, p.indices)]
-        if not all(isinstance(s, tirx.IntImm) for s in shift):
-            return None
-        offsets[p.source] = [int(s.value) for s in shift]
-        extents = mapping.source_shape(p.source)
-        if not all(isinstance(n, int) and isinstance(d, int) and 0 <= o and o + n <= d
-                   for o, n, d in zip(offsets[p.source], extents, mapping.shape)):
-            return None
-    return offsets
+# A PrimFunc attribute of the global plan: 0 forbids redirecting a producer into this kernel's
+# output (on the copy or update kernel) or redirecting this producer (on the producer).
+STORE_SIDE_ATTR = "vtc.store_side"
 
 
 def indexed_copy(func: tirx.PrimFunc):
-    """``(store_index, index params)`` if ``func`` is one block ``out[f(v)] = src[v]`` over the
+    """``(store_index, index params)`` if ``func`` is one block ``out[f(v)] = src[g(v)]`` over the
     whole of ``src`` (its first parameter) into ``out`` (its last), reading nothing but index
-    tensors (the parameters between) in ``f``; else None. ``store_index`` maps indices of ``src``
-    to ``f`` of them: what a producer of ``src`` can store through."""
+    tensors (the parameters between) in ``f``, with ``g`` the identity or one-to-one onto ``src``
+    (the load side made the update read its rows through a mapping); else None.
+    ``store_index`` maps indices ``i`` of ``src`` to ``f(g^-1(i))``: what a producer of ``src``
+    can store through."""
     params = list(func.params)
-    blocks = _non_root_blocks(func)
-    if len(params) < 2 or len(blocks) != 1 or not all(tirx.is_buffer_var(p) for p in params):
+    if len(params) < 2 or not all(tirx.is_buffer_var(p) for p in params):
+        return None
+    func = _inline_into_last(func)
+    blocks = _non_root_blocks(func) if func is not None else []
+    if len(blocks) != 1:
         return None
     block = blocks[0]
     src, out, ivs = params[0], params[-1], [iv.var for iv in block.iter_vars]
     store, value = block.body, getattr(block.body, "value", None)
     if not (isinstance(store, tirx.BufferStore) and store.buffer.same_as(out) and isinstance(value, TensorLoad)
-            and value.source.same_as(src) and len(ivs) == len(src.shape)
-            and all(tvm.sym.Analyzer().can_prove_equal(iv.dom.extent, n) and _is_zero(iv.dom.min)
-                    for iv, n in zip(block.iter_vars, src.shape))
-            # the load reads src[v] (an index of a unit axis may have been simplified to 0)
-            and all(i.same_as(iv.var) or (_is_zero(i) and _is_one(iv.dom.extent))
-                    for i, iv in zip(value.indices, block.iter_vars))):
+            and value.source.same_as(src) and all(_is_zero(iv.dom.min) for iv in block.iter_vars)):
         return None
     if block.alloc_buffers or (block.init is not None) or _reads_other_than(store.indices, params[1:-1]) \
             or not _unpredicated(func):
         return None
+    if len(ivs) == len(src.shape) and all(
+            tvm.sym.Analyzer().can_prove_equal(iv.dom.extent, n) for iv, n in zip(block.iter_vars, src.shape)) \
+            and all(i.same_as(iv.var) or (_is_zero(i) and _is_one(iv.dom.extent))  # unit axes read at 0
+                    for i, iv in zip(value.indices, block.iter_vars)):
+        rows = lambda idx: dict(zip(ivs, idx))
+    else:
+        extents = [iv.dom.extent for iv in block.iter_vars]
+        if not all(isinstance(n, tirx.IntImm) for n in list(extents) + list(src.shape)):
+            return None
+        try:
+            inverse = piece_box(ivs, [int(n) for n in extents], list(value.indices)).inverse(src.shape)
+        except NotOneToOne:
+            return None
+        rows = lambda idx: dict(zip(ivs, inverse(idx)))
 
     def store_index(idx):
-        return [_substitute(e, dict(zip(ivs, idx))) for e in store.indices]
+        return [_substitute(e, rows(idx)) for e in store.indices]
 
     return store_index, params[1:-1]
+
+
+def select_store_edges(dest: tirx.PrimFunc, srcs, producers: dict, uses) -> tuple:
+    """Which inputs of the copy or update kernel ``dest`` (called on ``srcs``) have their
+    producer (``producers``: input var -> producer PrimFunc) store into its output: ``(chosen
+    vars, {refused var: reason})``. The whole selection policy of the store side, so that a
+    global plan can replace it; it honours the plan's ``vtc.store_side`` attribute.
+
+    A tensor has one physical home (one store layout): an input read anywhere else keeps its
+    own buffer, and its other readers read it there (the load side)."""
+    if _forbidden(dest):
+        return [], {s: f"the plan keeps the inputs of this kernel physical ({STORE_SIDE_ATTR} = 0)"
+                    for s in producers}
+    chosen, refused = [], {}
+    for s, func in producers.items():
+        if _forbidden(func):
+            refused[s] = f"the plan keeps this producer's own layout ({STORE_SIDE_ATTR} = 0)"
+        elif uses[s] != 1 or srcs.count(s) != 1:
+            refused[s] = "read elsewhere too: it keeps its own buffer (one store layout per tensor)"
+        else:
+            chosen.append(s)
+    return chosen, refused
+
+
+def _forbidden(func) -> bool:
+    value = (func.attrs or {}).get(STORE_SIDE_ATTR) if isinstance(func, tirx.PrimFunc) else None
+    return value is not None and not int(value)
+
+
+def _is_view(mapping: Mapping) -> bool:
+    """Whether ``mapping`` reads its one source in row-major order (a reshape)."""
+    if len(mapping.pieces) != 1 or len(mapping.sources) != 1:
+        return False
+    piece, ana = mapping.pieces[0], mapping.analyzer()
+    src_shape = mapping.source_shape(0)
+    zero = tirx.IntImm("int64", 0)
+    flat = lambda idx, shape: sum((i * s for i, s in zip(idx, row_major_strides(list(shape)))), zero)
+    return len(piece.indices) == len(src_shape) and ana.can_prove_equal(
+        flat(mapping.vars, mapping.shape), flat(piece.indices, src_shape))
+
+
+def _substitute_all(exprs, index_vars, values) -> list:
+    return [_substitute(e, dict(zip(index_vars, values))) for e in exprs]
+
+
+def _inline_into_last(func: tirx.PrimFunc) -> Optional[tirx.PrimFunc]:
+    """``func`` with every block before the last inlined (a copy FuseOps fused into an update
+    becomes the update's load), or None if one cannot be."""
+    blocks = _non_root_blocks(func)
+    if len(blocks) <= 1:
+        return func
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    try:
+        for block in blocks[:-1]:
+            sch.compute_inline(sch.get_sblock(block.name_hint))
+    except RuntimeError:
+        return None
+    return sch.mod["main"]
 
 
 def _uses(func) -> Counter:
@@ -162,25 +221,50 @@ class _StoreRewriter(PyExprMutator):
 
     # -- pattern -------------------------------------------------------------------------------
     def _plan(self, func, uses):
-        """{concat var: (its inputs, their offsets, {input produced by a kernel of ours and read
-        only by this concat: its offsets})}."""
+        """{copy var: (its inputs, the boxes of its pieces, {input whose producer stores
+        through the inverse of its piece: the store index})}."""
         bound, plan = {}, {}
         for block in func.body.blocks:
             if not isinstance(block, relax.DataflowBlock):
                 continue
             for b in block.bindings:
                 bound[b.var] = b.value
-                offsets = self._concat(b.value)
-                if offsets is None:
+                kernel = call_tir_kernel(self.mod, b.value)
+                mapping = index_copy_mapping(kernel[1]) if kernel is not None else None
+                srcs = list(b.value.args[1].fields) if mapping is not None else []
+                if mapping is None or len(mapping.sources) != len(srcs) or _is_view(mapping):
+                    continue  # (a reshape becomes a free view in the stock pipeline)
+                producers = {s: self.mod[bound[s].args[0]] for s in srcs
+                             if isinstance(s, relax.DataflowVar) and self._producer(bound.get(s)) is not None}
+                if not producers:
                     continue
-                srcs = list(b.value.args[1].fields)
-                producers = {}
-                for s, off in zip(srcs, offsets):
-                    if isinstance(s, relax.DataflowVar) and uses[s] == 1 and srcs.count(s) == 1 \
-                            and self._producer(bound.get(s)) is not None:
-                        producers[s] = off
-                if producers:
-                    plan[b.var] = (srcs, offsets, producers)
+                chosen, refused = select_store_edges(kernel[1], srcs, producers, uses)
+                for s, reason in refused.items():
+                    self._log(s, b.var, False, reason)
+                if not chosen:
+                    continue
+                try:
+                    boxes = store_maps(mapping)
+                except NotOneToOne as err:
+                    for s in chosen:
+                        self._log(s, b.var, False, str(err))
+                    continue
+                stores = {}
+                for s in chosen:
+                    mine = [box for box in boxes if box.source == srcs.index(s)]
+                    try:
+                        if len(mine) != 1:
+                            raise NotOneToOne(f"{s.name} is read by {len(mine)} pieces of the copy, not one")
+                        stores[s] = mine[0].inverse(mapping.source_shape(mine[0].source))
+                    except NotOneToOne as err:
+                        self._log(s, b.var, False, str(err))
+                left = [box for box in boxes if srcs[box.source] not in stores]
+                if len(left) > 1:  # never more kernels than stock: the rest is one copy there
+                    for s in stores:
+                        self._log(s, b.var, False, f"{len(left)} pieces would stay copies, "
+                                  "in as many kernels where stock runs one")
+                elif stores:
+                    plan[b.var] = (srcs, boxes, stores)
         return plan
 
     def _plan_updates(self, func, uses):
@@ -198,15 +282,15 @@ class _StoreRewriter(PyExprMutator):
                 rows = call.args[1].fields[0]
                 if found is None or list(call.attrs.inplace_indices) != [len(call.args[1].fields) - 1]:
                     continue
-                if isinstance(rows, relax.DataflowVar) and uses[rows] == 1 \
-                        and self._producer(bound.get(rows)) is not None:
+                if not (isinstance(rows, relax.DataflowVar) and self._producer(bound.get(rows)) is not None):
+                    continue
+                fields = list(call.args[1].fields)
+                chosen, refused = select_store_edges(update, fields, {rows: self.mod[bound[rows].args[0]]}, uses)
+                for s, reason in refused.items():
+                    self._log(s, b.var, False, reason)
+                if chosen:
                     plan[rows] = (b.var, call, *found)
         return plan
-
-    def _concat(self, value):
-        kernel = call_tir_kernel(self.mod, value)
-        mapping = index_copy_mapping(kernel[1]) if kernel is not None else None
-        return None if mapping is None else concat_offsets(mapping)
 
     def _producer(self, value):
         kernel = call_tir_kernel(self.mod, value)
@@ -225,32 +309,34 @@ class _StoreRewriter(PyExprMutator):
             self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(
                 relax.call_tir_inplace(gv, args + extra, [len(args) + len(extra) - 1], out_ty=binding.var.ty))))
             return
-        for concat, (srcs, offsets, producers) in self.plan.items():
-            if binding.var in producers and self._emit_producer(binding, concat, producers[binding.var]):
+        for dest, (srcs, boxes, stores) in self.plan.items():
+            if binding.var in stores and self._emit_producer(binding, dest, stores[binding.var]):
                 return
-            if binding.var.same_as(concat) and concat in self.current:
-                self._emit_rest(binding, srcs, offsets, producers)
+            if binding.var.same_as(dest) and dest in self.current:
+                self._emit_rest(binding, srcs, boxes)
                 return
         super().visit_var_binding_(binding)
 
-    def _emit_producer(self, binding, concat, offsets) -> bool:
+    def _emit_producer(self, binding, dest, store_index) -> bool:
         call = binding.value
         func = self.mod[call.args[0]]
         try:
             into = best_schedulable(func, [redirect_output(
-                func, [int(d) for d in concat.ty.shape], offset_index(offsets), concat.name)], self.target)
+                func, [int(d) for d in dest.ty.shape], store_index, dest.name)], self.target)
         except NotRewritable as err:
-            self._log(binding.var, concat, False, str(err))
+            self._log(binding.var, dest, False, str(err))
             return False
-        self._log(binding.var, concat, True, f"producer stores into its slice at {offsets}")
-        gv = self.builder_.add_func(into, f"{call.args[0].name_hint}_into_{concat.name}")
+        where = store_index([tirx.Var(f"i{k}", "int64") for k in range(len(binding.var.ty.shape))])
+        self._log(binding.var, dest, True,
+                  f"producer stores each element i at {dest.name}[{', '.join(map(str, where))}]")
+        gv = self.builder_.add_func(into, f"{call.args[0].name_hint}_into_{dest.name}")
         args = [self.visit_expr(a) for a in call.args[1].fields]
-        prev = self.current.get(concat)
+        prev = self.current.get(dest)
         if prev is None:
-            new = relax.call_tir(gv, args, out_ty=concat.ty)
+            new = relax.call_tir(gv, args, out_ty=dest.ty)
         else:
-            new = relax.call_tir_inplace(gv, args + [prev], [len(args)], out_ty=concat.ty)
-        self.current[concat] = self.builder_.emit(new, name_hint=f"{concat.name}_part")
+            new = relax.call_tir_inplace(gv, args + [prev], [len(args)], out_ty=dest.ty)
+        self.current[dest] = self.builder_.emit(new, name_hint=f"{dest.name}_part")
         self.redirected.add(binding.var)
         return True
 
@@ -273,18 +359,24 @@ class _StoreRewriter(PyExprMutator):
         self.pending[update_var] = (gv, [self.visit_expr(a) for a in call.args[1].fields], update)
         return True
 
-    def _emit_rest(self, binding, srcs, offsets, producers):
-        """Copy the inputs that kept their own buffers into place; bind the concat var."""
+    def _emit_rest(self, binding, srcs, boxes):
+        """Copy the pieces whose sources kept their own buffers into place (one kernel at most:
+        see ``_plan``); bind the destination var."""
         cur = self.current[binding.var]
         shape = [int(d) for d in binding.var.ty.shape]
-        for s, off in zip(srcs, offsets):
-            if s in self.redirected:
+        for box in boxes:
+            src = srcs[box.source]
+            if src in self.redirected:
                 continue
-            copy = Mapping.identity([int(d) for d in s.ty.shape], str(s.ty.dtype)).to_prim_func("vtc_copy_into")
-            gv = self.builder_.add_func(redirect_output(copy, shape, offset_index(off), binding.var.name),
-                                        "vtc_copy_into")
-            cur = self.builder_.emit(relax.call_tir_inplace(gv, [self.visit_expr(s), cur], [1],
-                                                            out_ty=binding.var.ty), name_hint=f"{binding.var.name}_part")
+            dtype = str(src.ty.dtype)
+            copy = Mapping.view(box.extents, dtype, [int(d) for d in src.ty.shape],
+                                lambda *u, box=box: _substitute_all(box.src_index, box.vars, u)).to_prim_func(
+                                    "vtc_copy_into")
+            into = redirect_output(copy, shape, lambda u, box=box: _substitute_all(box.out_index, box.vars, u),
+                                   binding.var.name)
+            gv = self.builder_.add_func(into, "vtc_copy_into")
+            update = relax.call_tir_inplace(gv, [self.visit_expr(src), cur], [1], out_ty=binding.var.ty)
+            cur = self.builder_.emit(update, name_hint=f"{binding.var.name}_part")
         self.builder_.emit_normalized(relax.VarBinding(binding.var, cur))
 
     def _log(self, var, concat, take, reason):
@@ -295,8 +387,9 @@ class _StoreRewriter(PyExprMutator):
 
 
 def VirtualTensorizeStores(target=None, report: Optional[list] = None) -> tvm.transform.Pass:
-    """Store-side virtual tensors (concat destinations). Place it after ``FuseTIR``: it
-    rewrites the fused producer kernels. The ``"vtc"`` pipeline does this for you."""
+    """Store-side virtual tensors (producers store through the inverse of a one-to-one copy, or
+    into the rows of an in-place update). Place it after ``FuseTIR``: it rewrites the fused
+    producer kernels. The ``"vtc"`` pipeline does this for you."""
 
     @tvm.transform.module_pass(opt_level=0, name="VirtualTensorizeStores")
     def _stores(mod, _ctx):

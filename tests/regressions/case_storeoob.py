@@ -4,7 +4,7 @@ Found by tests/fuzz.py (seed 707; seed 606 died the same way): the process abort
 "corrupted size vs. prev_size". The store side took the strided slice of the softmax (a function
 output, one piece reading its source at v + offset) for a concat input and redirected the softmax
 into it: the softmax wrote its whole output at negative offsets, out of the slice's bounds. A
-source must now lie wholly inside the destination (``stores.concat_offsets``).
+source must now lie wholly inside the destination (``vtc_tvm.inverse``: a slice is not one-to-one).
 
 Run: pytest tests/test_fuzz.py -k case_storeoob   (tests/test_fuzz.py runs every saved case)
 """
