@@ -314,3 +314,19 @@ def test_check_ok_on_shipped_models(path, capsys):
     assert (vtc_vs_stock["got"], vtc_vs_stock["ref"]) == ("vtc", "stock")
     assert all(o["exact"] for o in vtc_vs_stock["outputs"])
     assert out["check"]["onnxruntime"] == "used"
+
+
+@pytest.mark.slow
+def test_tune_tunes_then_reapplies_the_database(good_model, tmp_path):
+    """``vtc-tvm tune``: MetaSchedule tunes the vtc module's kernels into the work dir; a second
+    run finds every kernel there and tunes nothing."""
+    work = tmp_path / "db"
+    args = ("tune", good_model, "--target", "llvm", "--dim", "N=4", "--work-dir", work, "--trials", "2",
+            "--json", "-q")
+    first = _cli(tmp_path, *args)
+    assert first.returncode == 0, first.stderr
+    stats = json.loads(first.stdout)["result"]
+    assert stats["tasks"] >= 1 and stats["tuned"] >= 1, stats
+    assert glob.glob(str(work / "**" / "*.json*"), recursive=True)
+    again = json.loads(_cli(tmp_path, *args).stdout)["result"]
+    assert again["tuned"] == 0 and again["in_db"] == stats["tasks"], again

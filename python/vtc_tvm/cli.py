@@ -470,14 +470,16 @@ def cmd_tune(args, console: Console, out: dict) -> ExitCode:
     tuning = importlib.import_module(f"{__package__}.tuning")  # its own import errors are crashes
     s = Session(args, console)
     device_for(s.target, "tune")
-    s.load()
-    mod = s.plan()
-    with console.phase(f"tuning ({args.trials} trials per task"
+    mod = s.load()
+    stats = {}
+    with console.phase(f"planning and tuning ({args.trials} trials per task"
                        + (f", at most {args.seconds:g} s)" if args.seconds else ")")):
-        result = tuning.tune(mod, s.target, args.work_dir, max_trials_per_task=args.trials,
-                             max_seconds=args.seconds)
+        # tune() runs the vtc pipeline's front itself (VirtualTensorize with these options).
+        tuning.tune(mod, s.target, args.work_dir, max_trials_per_task=args.trials, max_seconds=args.seconds,
+                    progress=not args.quiet, stats=stats, strategy=args.strategy, ops=s.ops,
+                    inplace=s.inplace, memory_guard=True)
     out.update(model=args.model, target=s.target.kind.name, work_dir=os.path.abspath(args.work_dir),
-               trials=args.trials, seconds=args.seconds, result=_jsonable(result))
+               trials=args.trials, seconds=args.seconds, result=_jsonable(stats))
     _say(args, [f"tuned {args.model} for {s.target.kind.name}: database in {args.work_dir}"])
     return ExitCode.OK
 

@@ -56,15 +56,17 @@ def fusion_passes(target: tvm.target.Target, stores: bool = True, report=None,
 
 
 def vtc_pipeline(target=None, stores: bool = True, schedule_copies: bool = True,
-                 schedules: str = "dlight", **options) -> tvm.transform.Pass:
+                 schedules: str = "vtc", **options) -> tvm.transform.Pass:
     """VirtualTensorize, then TVM's default pipeline for ``target`` (with the store side and,
     on GPU targets, vectorised copy kernels: :mod:`vtc_tvm.copy_schedule`).
 
     ``options`` go to :func:`vtc_tvm.VirtualTensorize` (``strategy``, ``ops``, ``report``,
     ``profile``, ...); ``memory_guard`` is on unless given (never plan more memory than stock).
-    ``schedules="vtc"`` schedules with :func:`vtc_tvm.schedules.default_rules` (ours, then
-    DLight's) instead of DLight's alone; "dlight" stays the default until GPU timings show ours
-    never lose. Without a target the stock target-independent build pipeline follows (no fusion, as TVM's
+    On GPU targets ``schedules="vtc"`` (the default) schedules with
+    :func:`vtc_tvm.schedules.default_rules` (ours, then DLight's): on the H200 every decode layer
+    ran faster and within 1e-2 of float64 with them (``benchmarks/results/schedules_h200.md``;
+    some single kernels are still faster under DLight, see there); ``"dlight"`` is DLight's
+    rules alone. Without a target the stock target-independent build pipeline follows (no fusion, as TVM's
     own ``"default"``), and there is no store side.
     """
     from .transform import VirtualTensorize
@@ -98,11 +100,11 @@ def _in_target(target, passes, name):
     return _pipeline
 
 
-def store_side_pipeline(target, report=None) -> tvm.transform.Pass:
+def store_side_pipeline(target, report=None, schedules: str = "vtc") -> tvm.transform.Pass:
     """The stock pipeline of ``target`` with the store side only (for modules already through
-    :func:`vtc_tvm.VirtualTensorize`)."""
+    :func:`vtc_tvm.VirtualTensorize`), scheduled as :func:`vtc_pipeline` does."""
     target = tvm.target.Target(target)
-    return _in_target(target, backend_passes(target, True, report), "store_side_pipeline")
+    return _in_target(target, backend_passes(target, True, report, schedules=schedules), "store_side_pipeline")
 
 
 def stock_vtc_schedules_pipeline(target=None) -> tvm.transform.Pass:
