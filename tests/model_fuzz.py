@@ -223,9 +223,9 @@ class _Sandwicher(relax.PyExprMutator):
     """Re-emits ``main``; after each dataflow binding of a float tensor, with probability
     ``rate``, an identity sandwich of movement ops whose result replaces the tensor's later uses."""
 
-    def __init__(self, mod, rng, rate, kinds):
+    def __init__(self, mod, rng, rate, kinds, limit):
         super().__init__(mod)
-        self.rng, self.rate, self.kinds = rng, rate, kinds
+        self.rng, self.rate, self.kinds, self.limit = rng, rate, kinds, limit
         self.inserted: List[str] = []
 
     def visit_var_binding_(self, binding):
@@ -237,7 +237,7 @@ class _Sandwicher(relax.PyExprMutator):
         ty = new.ty
         if (isinstance(var, relax.DataflowVar) and isinstance(ty, relax.TensorType) and ty.shape is not None
                 and str(ty.dtype).startswith("float") and len(ty.shape.values) >= 1
-                and self.rng.random() < self.rate):
+                and len(self.inserted) < self.limit and self.rng.random() < self.rate):
             kind = self.kinds[self.rng.integers(len(self.kinds))]
             out = self._sandwich(kind, new, list(ty.shape.values))
             if out is not None:
@@ -295,9 +295,10 @@ class _Sandwicher(relax.PyExprMutator):
         raise ValueError(f"unknown sandwich {kind!r}")
 
 
-def insert_sandwiches(mod: tvm.IRModule, rng, rate: float, kinds=SANDWICHES):
-    """``(mod, kinds inserted)``: ``main`` with identity sandwiches after random bindings."""
-    m = _Sandwicher(mod, rng, rate, list(kinds))
+def insert_sandwiches(mod: tvm.IRModule, rng, rate: float, kinds=SANDWICHES, limit: int = 12):
+    """``(mod, kinds inserted)``: ``main`` with identity sandwiches after random bindings (at
+    most ``limit``: each costs compile time)."""
+    m = _Sandwicher(mod, rng, rate, list(kinds), limit)
     gv = mod.get_global_var("main")
     m.builder_.update_func(gv, m.visit_expr(mod["main"]))
     return relax.transform.Normalize()(m.builder_.finalize()), m.inserted
@@ -317,6 +318,7 @@ class ModelCase:
     strategy: str = "contiguity"
     rate: float = 0.3
     sizes: tuple = ()
+    limit: int = 12        # most sandwiches inserted
 
     @classmethod
     def draw(cls, seed: int, models=None) -> "ModelCase":
@@ -334,7 +336,7 @@ class ModelCase:
     def module(self):
         """``(mod, weight_arrays, sandwiches inserted)``."""
         mod, w = load_model(self.model, self.weights, self.seed, self.batch_symbolic)
-        mod, kinds = insert_sandwiches(mod, np.random.default_rng([self.seed, 2]), self.rate)
+        mod, kinds = insert_sandwiches(mod, np.random.default_rng([self.seed, 2]), self.rate, limit=self.limit)
         if self.legalize_first:
             with LLVM:
                 mod = relax.transform.LegalizeOps()(mod)
