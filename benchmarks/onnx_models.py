@@ -61,8 +61,10 @@ class _Graph:
         self._consts: Dict[tuple, str] = {}
         self.shape_of: Dict[str, tuple] = {}  # input name -> static shape
 
-    def input(self, name: str, shape: Sequence[int]) -> str:
-        self.inputs.append(oh.make_tensor_value_info(name, self.elem, [int(s) for s in shape]))
+    def input(self, name: str, shape: Sequence) -> str:
+        """A graph input; a ``str`` dim is a named symbolic dim (``dim_param``)."""
+        dims = [s if isinstance(s, str) else int(s) for s in shape]
+        self.inputs.append(oh.make_tensor_value_info(name, self.elem, dims))
         return name
 
     def _fresh(self, base: str) -> str:

@@ -47,10 +47,13 @@ from vtc_tvm.report import kernel_census, uses_tensor_cores
 from vtc_tvm.transform import VirtualTensorize
 
 from . import tuning
+from .whole_models import WHOLE_WORKLOADS
 from .workloads import WORKLOADS, load_torch, torch_module
 
 SUITES = {"paper": ["llama_decode", "llama_prefill", "gemma2_decode", "effvit_attn", "yolo_c3k2",
-                    "shufflenet_unit", "shufflenet_v2"]}
+                    "shufflenet_unit", "shufflenet_v2"],
+          "whole": list(WHOLE_WORKLOADS)}  # whole ONNX models (benchmarks/whole_models.py), no torch twin
+CASES = {**WORKLOADS, **WHOLE_WORKLOADS}
 L2_BYTES = 50 * 2 ** 20
 MIB = 2 ** 20
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -344,7 +347,7 @@ def run_case(wl, batch, args, target, dev, torch):
 
     # Numerics against a float64 reference: the torch twin in float64 on the same inputs/weights.
     ref64 = None
-    if torch is not None and gpu:
+    if torch is not None and gpu and wl.torch_forward is not None:
         try:
             ref64 = fp64_reference(wl, cfg, mod, inputs, torch)
             row["stock_rel_err_fp64"] = rel_l2(outs["stock"], ref64)
@@ -359,7 +362,7 @@ def run_case(wl, batch, args, target, dev, torch):
             torch.cuda.empty_cache()
     del outs
 
-    if torch is not None and gpu and not args.no_torch:
+    if torch is not None and gpu and not args.no_torch and wl.torch_forward is not None:
         try:
             _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch, ref64)
         except Exception as err:  # noqa: BLE001 - a failing peer is reported, not fatal
@@ -652,8 +655,8 @@ def main(argv=None):
             for name in names:
                 mods = []
                 for batch in args.batch:
-                    cfg = WORKLOADS[name].config(args.size, batch, "float16" if args.target == "cuda" else "float32")
-                    mod = WORKLOADS[name].build(cfg)
+                    cfg = CASES[name].config(args.size, batch, "float16" if args.target == "cuda" else "float32")
+                    mod = CASES[name].build(cfg)
                     mods += [tuning.fuse(mod, target, v) for v in ("stock", "vtc")]
                 groups.append((os.path.join(args.tuning_dir, name), mods))
             tuning.tune_groups(groups, target, args.ms_settings, runner=args.ms_runner, label="all cases",
@@ -670,7 +673,7 @@ def main(argv=None):
         for batch in args.batch:
             print(f"== {name} batch {batch}", flush=True)
             try:
-                row = run_case(WORKLOADS[name], batch, args, target, dev, torch)
+                row = run_case(CASES[name], batch, args, target, dev, torch)
             except Exception as err:  # noqa: BLE001 - a failing case is a result
                 traceback.print_exc()
                 msg = [ln for ln in str(err).strip().splitlines() if ln.strip() and "^^^" not in ln]

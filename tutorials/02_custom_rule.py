@@ -1,10 +1,21 @@
-"""Tutorial 2: teach VirtualTensorize a movement op of your own, and read the mapping algebra.
+"""
+.. _tutorial-custom-rule:
 
-Run:  .venv/bin/python tutorials/02_custom_rule.py
+Teach VirtualTensorize a movement op, and read the mapping algebra
+==================================================================
 
 Rules are keyed by Relax op name. Here we override the rule of ``relax.flip`` with one written
 from scratch (a custom op of your own registers the same way), then compose mappings by hand.
+Nothing is compiled: this runs anywhere.
+
+Run it as a script: ``.venv/bin/python tutorials/02_custom_rule.py``.
 """
+
+# %%
+# A rule of your own
+# ------------------
+# A rule takes the normalised ``relax.Call`` and returns a :class:`~vtc_tvm.VirtualTensor`: an
+# index map from the output's coordinates to the sources' coordinates, and the sources.
 
 import numpy as np
 from tvm import tirx
@@ -28,7 +39,11 @@ def flip_rule(call):
 
 assert get_rule("relax.flip") is flip_rule
 
-# The algebra itself: channel shuffle = reshape -> transpose -> reshape, composed into ONE map.
+# %%
+# The algebra itself
+# ------------------
+# ShuffleNet's channel shuffle is reshape -> transpose -> reshape. Composed, the three views are
+# ONE map, which a consumer kernel reads through instead of three copies.
 N, C, H, W, G = 1, 8, 2, 2, 2
 split = Mapping.view((N, G, C // G, H, W), "float32", (N, C, H, W),
                      lambda n, g, c, h, w: (n, g * (C // G) + c, h, w))
@@ -38,6 +53,9 @@ merge = Mapping.view((N, C, H, W), "float32", (N, C // G, G, H, W),
                      lambda n, c, h, w: (n, tirx.floordiv(c, G), tirx.floormod(c, G), h, w))
 shuffle = merge.compose(0, swap.compose(0, split))
 print(shuffle)  # one piece: src0[n, c % 2 * 4 + c // 2, h, w]
+
+# %%
+# Check it against numpy.
 
 x = np.arange(N * C * H * W, dtype="float32").reshape(N, C, H, W)
 ref = x.reshape(N, G, C // G, H, W).transpose(0, 2, 1, 3, 4).reshape(N, C, H, W)

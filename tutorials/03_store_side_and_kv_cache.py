@@ -1,13 +1,24 @@
-"""Tutorial 3: producers that write into their destination, and an in-place KV-cache update.
+"""
+.. _tutorial-store-side:
 
-Run:  .venv/bin/python tutorials/03_store_side_and_kv_cache.py
+Producers that write into their destination, and an in-place KV-cache update
+============================================================================
 
 Store side: the inputs of a concat become views of the concat's output, and the kernels that
 produce them store straight into their slice (the "vtc" pipeline does this after FuseTIR).
 In place: ``VirtualTensorize(inplace=["cache"])`` lets a scatter into the ``cache`` parameter
 write only the new rows into the caller's tensor, instead of copying the whole cache; and when a
 kernel of ours computes those rows (a K projection), it stores them into the cache itself.
+It runs on the CPU (its checks read CPU kernel names; on CUDA, see the README's limits of the
+in-place updates).
+
+Run it as a script: ``.venv/bin/python tutorials/03_store_side_and_kv_cache.py``.
 """
+
+# %%
+# Two GEMMs whose results are concatenated
+# ----------------------------------------
+# A YOLO / DenseNet pattern. With the store side, each GEMM writes its slice of the concat.
 
 import numpy as np
 import tvm
@@ -21,8 +32,6 @@ from vtc_tvm.report import kernel_census
 target = tvm.target.Target("llvm")
 rng = np.random.default_rng()
 
-
-# 1. Two GEMMs whose results are concatenated (a YOLO / DenseNet pattern).
 x = relax.Var("x", relax.TensorType((64, 32), "float32"))
 w1 = relax.Var("w1", relax.TensorType((32, 48), "float32"))
 w2 = relax.Var("w2", relax.TensorType((32, 16), "float32"))
@@ -47,7 +56,11 @@ for pipeline in (relax.get_default_pipeline(target), relax.get_pipeline("vtc", t
     results.append(relax.VirtualMachine(ex, tvm.cpu())["main"](*map(tvm.runtime.tensor, args)).numpy())
 np.testing.assert_allclose(results[1], results[0], rtol=1e-6, atol=1e-6)
 
-# 2. A KV cache updated at a runtime position with scatter_nd.
+# %%
+# A KV cache updated in place
+# ---------------------------
+# ``scatter_nd`` at a runtime position; ``inplace=["cache"]`` writes only the new rows into the
+# caller's tensor.
 B, H, T, D = 1, 2, 16, 8
 cache = relax.Var("cache", relax.TensorType((B, H, T, D), "float32"))
 rows = relax.Var("rows", relax.TensorType((B, H, 1, D), "float32"))
@@ -74,9 +87,12 @@ expected = cache_np.copy()
 expected[:, :, pos] = rows_np[:, :, 0]
 np.testing.assert_array_equal(cache_tvm.numpy(), expected)  # the caller's cache was updated
 
-# 3. The rows come from a K projection and a RoPE-like scaling: with the "vtc" pipeline the
-#    scaling kernel reads the projection through the reshape/transpose (load side) and stores its
-#    rows into the cache at ``where`` (store side): the rows never exist as a tensor of their own.
+# %%
+# The producer stores into the cache
+# ----------------------------------
+# The rows come from a K projection and a RoPE-like scaling: with the ``"vtc"`` pipeline the
+# scaling kernel reads the projection through the reshape/transpose (load side) and stores its
+# rows into the cache at ``where`` (store side): the rows never exist as a tensor of their own.
 x = relax.Var("x", relax.TensorType((B, 1, 16), "float32"))
 wk = relax.Var("wk", relax.TensorType((16, H * D), "float32"))
 cos = relax.Var("cos", relax.TensorType((B, 1, 1, D), "float32"))

@@ -1,6 +1,8 @@
-"""Tutorial 4: dynamic batch/sequence dimensions, and letting the device decide.
+"""
+.. _tutorial-dynamic-shapes:
 
-Run:  .venv/bin/python tutorials/04_dynamic_shapes_and_profiling.py
+Dynamic batch and sequence dimensions, and letting the device decide
+====================================================================
 
 Real deployments compile once for any sequence length. Symbolic dimensions flow through
 VirtualTensorize's mappings: the attention below reads the KV cache -- past tokens (length
@@ -10,8 +12,16 @@ materialising the concatenation or the head transposes, for every ``m`` and ``n`
 The default strategy predicts from contiguity classes; ``profile=True`` also times each accepted
 edge on the target's device (copy + original consumer against the rewritten consumer) and keeps
 only the rewrites that are not slower. Timing needs concrete sizes, so a symbolic edge is not
-profiled (its reason says so); here a static instance is profiled on the CPU.
+profiled (its reason says so); here a static instance is profiled on the CPU (a GPU build
+profiles on the GPU the same way, with ``target=vtc_tvm.pipeline.cuda_target()``).
+
+Run it as a script: ``.venv/bin/python tutorials/04_dynamic_shapes_and_profiling.py``.
 """
+
+# %%
+# An attention over a growing KV cache
+# ------------------------------------
+# ``n`` new tokens, ``m`` cached ones: both symbolic.
 
 import numpy as np
 import tvm
@@ -44,14 +54,19 @@ def show(report):
         print(f"  {d['tensor']:>4} -> {d['consumer']:<8} {'virtual ' if d['virtual'] else 'physical'}  {d['reason']}")
 
 
-# 1. One module for every length: n and m are symbolic.
+# %%
+# One module for every length
+# ---------------------------
 mod = attention(tvm.tirx.Var("n", "int64"), tvm.tirx.Var("m", "int64"))
 report = []
 vtc_mod = relax.transform.VirtualTensorize(target="llvm", report=report)(mod)
 print("symbolic n, m:")
 show(report)
 
-# 2. One build serves every (m, n); check it against stock TVM at a few.
+# %%
+# One build serves every (m, n)
+# -----------------------------
+# Checked against stock TVM at a few lengths.
 target = tvm.target.Target("llvm")
 builds = {name: relax.VirtualMachine(tvm.compile(m_, target, relax_pipeline=relax.get_default_pipeline(target)),
                                      tvm.cpu()) for name, m_ in (("stock", mod), ("vtc", vtc_mod))}
@@ -64,7 +79,10 @@ for m_len, n_len in ((7, 1), (30, 5), (1, 12)):
     np.testing.assert_allclose(outs["vtc"], outs["stock"], rtol=1e-5, atol=1e-6)
     print(f"m={m_len:>2} n={n_len:>2}: vtc == stock, output {outs['vtc'].shape}")
 
-# 3. A static instance, profiled: the CPU times copy + consumer against the rewritten consumer.
+# %%
+# A static instance, profiled
+# ---------------------------
+# The CPU times copy + consumer against the rewritten consumer, edge by edge.
 report = []
 relax.transform.VirtualTensorize(target="llvm", profile=True, report=report)(attention(16, 240))
 print("static n=16, m=240, profiled on the CPU:")

@@ -116,6 +116,7 @@ for _op in ("relax.reshape", "relax.flatten", "relax.squeeze", "relax.expand_dim
 
 @register_rule("relax.permute_dims")
 def _permute_dims(call):
+    """out[v] = x[v permuted back]: source axis ``axes[a]`` reads output axis ``a``."""
     x = call.args[0]
     ndim = len(dims_of(x))
     axes = list(range(ndim))[::-1] if call.attrs.axes is None else [int(a) for a in call.attrs.axes]
@@ -139,6 +140,7 @@ def _slice_view(call, x, starts_steps):
 
 @register_rule("relax.strided_slice")
 def _strided_slice(call):
+    """out[v] = x[start + v * step] on the sliced axes (bounds clamp like numpy's)."""
     x = call.args[0]
     in_shape = dims_of(x)
     axes, begin, end = (_ints(call.args[i]) for i in (1, 2, 3))
@@ -162,6 +164,7 @@ def _strided_slice(call):
 
 @register_rule("relax.split")
 def _split(call):
+    """part k: out[v] = x[v + start_k] along ``axis``, one mapping per part."""
     x = call.args[0]
     in_shape = list(dims_of(x))
     axis = int(call.attrs.axis) % len(in_shape)
@@ -192,6 +195,7 @@ def _tuple_fields(expr):
 
 @register_rule("relax.concat")
 def _concat(call):
+    """piecewise: out[v] = x_j[v - offset_j] where offset_j <= v[axis] < offset_j+1."""
     inputs = _tuple_fields(call.args[0])
     out_shape = dims_of(call)
     axis = int(call.attrs.axis) % len(out_shape)
@@ -213,6 +217,7 @@ def _concat(call):
 
 @register_rule("relax.stack")
 def _stack(call):
+    """piecewise: out[v] = x_j[v without axis] where v[axis] == j."""
     inputs = _tuple_fields(call.args[0])
     out_shape = dims_of(call)
     axis = int(call.attrs.axis) % len(out_shape)
@@ -235,6 +240,7 @@ def _broadcast_index(v, in_shape):
 
 @register_rule("relax.broadcast_to")
 def _broadcast_to(call):
+    """out[v] = x[v right-aligned], size-1 source axes read index 0."""
     x = call.args[0]
     in_shape, out_shape = dims_of(x), dims_of(call)
     lead = len(out_shape) - len(in_shape)
@@ -247,6 +253,7 @@ def _broadcast_to(call):
 
 @register_rule("relax.tile")
 def _tile(call):
+    """out[v] = x[v % shape(x)] (right-aligned)."""
     x = call.args[0]
     in_shape = dims_of(x)
     return _view(call, x, lambda *v: [tirx.floormod(vi, d)
@@ -255,6 +262,7 @@ def _tile(call):
 
 @register_rule("relax.repeat")
 def _repeat(call):
+    """out[v] = x[v // repeats] along ``axis`` (without an axis: of the flattened tensor)."""
     x = call.args[0]
     reps = int(call.attrs.repeats)
     if call.attrs.axis is None:  # repeat of the flattened tensor
@@ -267,6 +275,7 @@ def _repeat(call):
 
 @register_rule("relax.flip")
 def _flip(call):
+    """out[v] = x[n - 1 - v] along ``axis``."""
     x = call.args[0]
     in_shape = dims_of(x)
     axis = int(call.attrs.axis) % len(in_shape)
@@ -275,6 +284,7 @@ def _flip(call):
 
 @register_rule("relax.nn.pad")
 def _pad(call):
+    """piecewise: out[v] = x[v - before] inside the source, the pad value outside (constant mode)."""
     if call.attrs.pad_mode != "constant":
         raise Unsupported(f"pad mode {call.attrs.pad_mode}")
     x = call.args[0]
@@ -324,6 +334,7 @@ def _as_index(e):
 
 @register_rule("relax.take")
 def _take(call):
+    """indirect: out[..., j, ...] = x[..., idx[j], ...] along ``axis`` (fast, clip or wrap)."""
     in_shape = dims_of(call.args[0])
     idx_rank = len(dims_of(call.args[1]))
     axis = int(call.attrs.axis) % len(in_shape) if call.attrs.axis is not None else None
@@ -346,6 +357,7 @@ def _take(call):
 
 @register_rule("relax.gather_elements")
 def _gather_elements(call):
+    """indirect: out[v] = x[v with v[axis] replaced by idx[v]]."""
     axis = int(call.attrs.axis) % len(dims_of(call.args[0]))
 
     def body(v, srcs):
@@ -357,6 +369,7 @@ def _gather_elements(call):
 
 @register_rule("relax.gather_nd")
 def _gather_nd(call):
+    """indirect: out[b, m, rest] = x[b, idx[b, m, 0..k-1], rest]."""
     b = int(call.attrs.batch_dims)
     idx_shape = dims_of(call.args[1])
     k, m = static(idx_shape[-1]), len(idx_shape) - 1 - b  # index depth, index batch rank
