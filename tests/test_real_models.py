@@ -175,3 +175,49 @@ def test_cuda_codegen_without_gpu(name, legalized):
     assert "__global__" in src
     stock_src = device_source(tvm.compile(mod, target, relax_pipeline=relax.get_default_pipeline(target)), "cuda")
     assert src.count("__global__") <= stock_src.count("__global__")
+
+
+# -- whole models (benchmarks/whole_models.py, small config; weights are initializers) -------------
+# ShuffleNetV2 x1.0 (issue 15's model) always runs; EfficientViT-B1 and YOLO11n take minutes each
+# on a 2-core machine, so they need VTC_WHOLE_MODELS=1.
+_HEAVY_WHOLE = pytest.mark.skipif(not os.environ.get("VTC_WHOLE_MODELS"),
+                                  reason="minutes on 2 cores: set VTC_WHOLE_MODELS=1 to run")
+# vtc removes 26 of yolo11n's 31 copy kernels but launches 187 kernels against stock's 127
+# (small config, batch 2, LLVM): rewritten consumers fuse less. In transform.py's decisions
+# (being reworked): reported, not fixed here.
+_YOLO_KERNELS = pytest.mark.xfail(strict=True, raises=AssertionError,
+                                  reason="yolo11n: vtc 187 kernels > stock 127 (assert 187 <= 127)")
+WHOLE = [pytest.param("shufflenet_v2_whole"), pytest.param("efficientvit_b1", marks=_HEAVY_WHOLE),
+         pytest.param("yolo11n", marks=_HEAVY_WHOLE)]
+
+
+@functools.cache
+def _whole(name):
+    from benchmarks.whole_models import whole_model
+    from vtc_tvm.onnx_import import load_onnx
+
+    return load_onnx(whole_model(name, "small", batch=2, seed=SEED))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", WHOLE)
+def test_whole_model_vtc_pipeline_matches_stock(name):
+    """ShuffleNetV2 x1.0, EfficientViT-B1 and YOLO11n (small config, batch 2, weights as ONNX
+    initializers, the form issue 15's crashes came in) through the ``"vtc"`` pipeline: same
+    outputs as stock."""
+    mod = _whole(name)
+    assert all(not p.name.startswith(("w_", "b_")) for p in mod["main"].params)
+    args = activations(mod, {}, seed=SEED)
+    _assert_matches_stock(run(build_vtc(mod, "vtc_pipeline"), args), run(build_stock(mod), args))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", WHOLE[:2] + [pytest.param("yolo11n", marks=[_HEAVY_WHOLE, _YOLO_KERNELS])])
+def test_whole_model_kernels_never_more_than_stock(name, record_property):
+    mod = _whole(name)
+    stock = kernel_census(mod, LLVM)
+    vtc = kernel_census(VirtualTensorize(target=LLVM, memory_guard=True)(mod), LLVM, stores=True)
+    record_property("planned_bytes", {"stock": stock["planned_bytes"], "vtc": vtc["planned_bytes"]})
+    print(f"{name}: kernels {stock['kernels']} -> {vtc['kernels']}, planned bytes "
+          f"{stock['planned_bytes']} -> {vtc['planned_bytes']}")
+    assert vtc["kernels"] <= stock["kernels"]
