@@ -20,7 +20,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir import TensorLoad
 
-from .mapping import Mapping, Piece, _eval_np, _rebind_loads, _substitute, new_buffer
+from .mapping import Mapping, Piece, _eval_np, _i64, _rebind_loads, _substitute, new_buffer
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -98,8 +98,11 @@ def _block_mapping(block, readable):
     sources = [new_buffer(p.shape, p.dtype, f"src{j}") for j, p in enumerate(readable)]
     vmap = {iv.var: v for iv, v in zip(block.iter_vars, _new_vars(len(block.iter_vars)))}
     rename = lambda e: _rename(e, vmap, readable, sources)
+    # Indices are int64 like the mapping's variables: a legalized take reads its index from an
+    # int32 buffer (LegalizeOps narrows int64 constants), which composed into an int64
+    # condition (a concat's) made a mixed-dtype comparison.
     pieces = [
-        Piece(p.source, tuple(rename(e) for e in p.indices),
+        Piece(p.source, tuple(_i64(rename(e)) for e in p.indices),
               None if p.cond is None else rename(p.cond),
               None if p.value is None else p.value)
         for p in pieces

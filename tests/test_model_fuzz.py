@@ -1,0 +1,37 @@
+"""CI-sized model-level fuzzing (tests/model_fuzz.py): fixed cases, so every run is the same.
+
+Each case is a shipped model with identity sandwiches of movement ops inserted, its weights in
+one of the three forms, maybe a symbolic batch or legalized first, through one vtc entry point;
+it must match stock TVM. Together the light cases cover every entry point and weight form,
+both strategies, a symbolic batch and a legalized module. The drawn campaign is
+``python -m tests.model_fuzz`` (records in tests/README.md).
+"""
+
+import dataclasses
+
+import pytest
+
+from .model_fuzz import ModelCase, check_model_case
+
+CASES = [
+    ModelCase("shufflenet_unit", 101, weights="inputs", batch_symbolic=True, entry="vt_stores",
+              sizes=({"N": 2}, {"N": 1}, {"N": 3})),
+    ModelCase("effvit_attn", 102, weights="bind", legalize_first=True, entry="vtc_pipeline", strategy="all"),
+    ModelCase("yolo_c3k2", 103, weights="initializers", entry="vt_default", rate=0.6),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c.model}-{c.seed}")
+def test_model_case_matches_stock(case):
+    info = check_model_case(case)
+    assert info["sandwiches"], "no movement op was inserted: the case tests nothing new"
+
+
+@pytest.mark.slow
+def test_campaign_case_legalized_take_into_concat():
+    """Seed 2 of the first campaign (llama_decode, bound weights, legalized, strategy "all", no
+    cap on sandwiches then): crashed in mapping.to_prim_func before analysis cast int32 index
+    loads to int64 (unit test: tests/test_input_forms.py)."""
+    case = ModelCase.draw(2)
+    assert (case.model, case.weights, case.legalize_first) == ("llama_decode", "bind", True)
+    check_model_case(dataclasses.replace(case, limit=1000))
