@@ -123,3 +123,16 @@ def rng(request):
     seed = int(os.environ.get("VTC_TEST_SEED") or int.from_bytes(os.urandom(4), "little"))
     print(f"\n[{request.node.name}] seed={seed} (replay with VTC_TEST_SEED={seed})")
     return np.random.default_rng(seed)
+
+
+def matmul_transposed_weight(m=32, k=48, n=64, dtype="float32"):
+    """``x @ w.T``: stock TVM runs a transpose kernel and a matmul; vtc one matmul reading ``w``
+    through the transpose (the tuning tests' module)."""
+    x = relax.Var("x", relax.TensorType((m, k), dtype))
+    w = relax.Var("w", relax.TensorType((n, k), dtype))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w))))
+        bb.emit_func_output(out)
+    return bb.get()

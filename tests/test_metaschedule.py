@@ -116,19 +116,10 @@ def test_tune_rewritten_consumer_through_relax(tmp_path):
 
 
 def _matmul_transpose_fp16(m=64, k=128, n=256):
-    """``x @ w.T`` in float16: a transpose kernel + a tensor-core matmul for stock TVM, one matmul
-    reading ``w`` through the transpose for vtc."""
-    from tvm import relax
-    from tvm.relax import op as R
+    """``x @ w.T`` in float16: a transpose kernel + a tensor-core matmul for stock TVM."""
+    from tests.conftest import matmul_transposed_weight
 
-    x = relax.Var("x", relax.TensorType((m, k), "float16"))
-    w = relax.Var("w", relax.TensorType((n, k), "float16"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(R.matmul(x, bb.emit(R.permute_dims(w))))
-        bb.emit_func_output(out)
-    return bb.get()
+    return matmul_transposed_weight(m, k, n, "float16")
 
 
 @pytest.mark.slow

@@ -9,28 +9,17 @@ import pytest
 import tvm
 from tvm import relax
 from tvm.ir.utils import derived_object
-from tvm.relax import op as R
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.runner import PyRunner
 
 import vtc_tvm  # noqa: F401  (registers the pipelines)
 from vtc_tvm import tuning
 
+from tests.conftest import matmul_transposed_weight
+
 TARGET = tvm.target.Target("llvm")  # tuning adds num-cores
 # small and quick: 8 samples per search round, one warm build worker for every test of this file
 FAST = tuning.TuneSettings(tasks="all", population=8, init_min_unmeasured=8, builder_workers=1)
-
-
-def _x_wt(m=32, k=48, n=64):
-    """``x @ w.T``: stock TVM runs a transpose kernel and a matmul; vtc one matmul reading ``w``."""
-    x = relax.Var("x", relax.TensorType((m, k), "float32"))
-    w = relax.Var("w", relax.TensorType((n, k), "float32"))
-    bb = relax.BlockBuilder()
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            out = bb.emit_output(R.matmul(x, bb.emit(R.permute_dims(w))))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 def _inputs(mod):
@@ -72,7 +61,7 @@ def test_pipeline_registered():
 def test_tune_save_and_reapply_without_tuning(tmp_path, builder, capsys):
     """tune() with the LocalRunner: correct result, database files on disk, a progress bar; the
     same work_dir again (tune() and the "vtc_tuning" pipeline) builds and measures nothing."""
-    mod = _x_wt()
+    mod = matmul_transposed_weight()
     work = str(tmp_path / "db")
     runner = CountingRunner(tuning.local_runner(FAST))
     stats = {}
@@ -112,7 +101,7 @@ def test_tune_save_and_reapply_without_tuning(tmp_path, builder, capsys):
 @pytest.mark.slow  # alone, opening a database imports tvm.s_tir.tensor_intrin (~30 s of CPU)
 def test_budget_in_seconds(tmp_path, builder):
     """A spent budget starts no task: every kernel stays with the default schedule, still correct."""
-    mod = _x_wt()
+    mod = matmul_transposed_weight()
     runner = CountingRunner(tuning.local_runner(FAST))
     stats = {}
     builds = builder.builds
@@ -155,7 +144,7 @@ def test_tune_through_rpc_tracker(tmp_path, builder):
                               silent=True) for _ in range(2)]
         assert len(_wait_for_servers(host, tracker.port, key, 2)) == 2
         runner = tuning.rpc_runner(host, tracker.port, key, max_workers=2, settings=FAST)
-        mod = _x_wt()
+        mod = matmul_transposed_weight()
         work = str(tmp_path / "db")
         stats = {}
         tuned = tuning.tune(mod, TARGET, work, max_trials_per_task=2, runner=runner, builder=builder, stats=stats,
