@@ -153,6 +153,9 @@ class _StoreRewriter(PyExprMutator):
         for gv, func in self.mod.functions_items():
             if isinstance(func, relax.Function) and not (func.attrs and func.attrs.get("Primitive")):
                 uses = _uses(func)
+                # The load side's plan may have made a concat's inputs views of its sources
+                # instead: VirtualTensorize records that in "vtc.store_side" (name -> allowed).
+                self.allowed = dict((self.mod.attrs or {}).get("vtc.store_side", {}) or {})
                 self.plan = self._plan(func, uses)
                 self.current, self.redirected = {}, set()
                 self.updates, self.pending = self._plan_updates(func, uses), {}
@@ -171,7 +174,7 @@ class _StoreRewriter(PyExprMutator):
             for b in block.bindings:
                 bound[b.var] = b.value
                 offsets = self._concat(b.value)
-                if offsets is None:
+                if offsets is None or not bool(self.allowed.get(b.var.name, True)):
                     continue
                 srcs = list(b.value.args[1].fields)
                 producers = {}
