@@ -226,8 +226,10 @@ def plan(mod: tvm.IRModule, target=None, strategy: Union[str, Callable] = "conti
 def _plan(mod, tgt, choose, allowed, inplace, profiler, memory_guard, objective, every=False) -> Plan:
     physical: frozenset = frozenset()
     earlier: Dict[tuple, dict] = {}
+    earlier_edges: Dict[tuple, Edge] = {}
+    nodes = Graph()  # one node table for every step: stable node ids
     for step in range(MAX_STEPS):
-        graph = Graph()
+        graph = Graph(nodes=nodes.nodes, by_var=nodes.by_var, _ops=nodes._ops)
         collector = Collector(mod, choose, allowed, tgt, inplace, physical, profiler, graph)
         collector.transform()
         result = _solve(graph, collector, tgt, memory_guard, objective, every)
@@ -239,8 +241,17 @@ def _plan(mod, tgt, choose, allowed, inplace, profiler, memory_guard, objective,
             break
         for row in result.rows:
             earlier.setdefault((row["tensor"], row["consumer"]), row)
+        for e in graph.edges:
+            if e.kind == "load":
+                earlier_edges.setdefault((e.arg, e.consumer_var), e)
         physical = physical | stayed
     result.physical = physical
+    final = {(e.arg, e.consumer_var) for e in graph.edges if e.kind == "load"}
+    for key, e in earlier_edges.items():  # edges into tensors an earlier step found materialised
+        if key not in final:
+            e.id, e.chosen = len(graph.edges), False
+            e.reason = f"the tensor stays materialised, read directly; alone: {e.verdict.reason}"
+            graph.edges.append(e)
     result.summary["solver"]["steps"] = step + 1
     # Edges decided in an earlier step whose tensor then stayed materialised: read directly.
     seen = {(r["tensor"], r["consumer"]) for r in result.rows}
