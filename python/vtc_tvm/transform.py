@@ -99,6 +99,7 @@ def VirtualTensorize(
     profile: Union[bool, "EdgeProfiler"] = False,
     memory_guard: bool = False,
     objective: str = "latency",
+    profile_db=None,
 ) -> tvm.transform.Pass:
     """Eliminate data-movement ops by making their outputs virtual tensors.
 
@@ -131,6 +132,9 @@ def VirtualTensorize(
         lowering happens inside the pass.
     objective : "latency" (default) or "memory"
         What the plan optimises: predicted time saved, or the least memory that is not slower.
+    profile_db : path, optional
+        Where ``profile=True`` keeps its measurements (default ``~/.cache/vtc_tvm/profile.json``;
+        see :class:`vtc_tvm.profile.ProfileDB`).
     """
     from .plan import plan as make_plan
     from .profile import EdgeProfiler
@@ -142,7 +146,7 @@ def VirtualTensorize(
     get_strategy(strategy)  # fail now on an unknown strategy name
     profiler = profile if isinstance(profile, EdgeProfiler) else None
     if profile is True and target is not None:
-        profiler = EdgeProfiler(target)  # fail now, not inside the pass, without a device
+        profiler = EdgeProfiler(target, db=profile_db)  # fail now, not inside the pass, without a device
 
     @tvm.transform.module_pass(opt_level=0, name="VirtualTensorize")
     def _virtual_tensorize(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
@@ -151,7 +155,7 @@ def VirtualTensorize(
         if profile is True and profiler is None:
             if tgt is None:
                 raise ValueError("VirtualTensorize(profile=True) needs a target")
-            profiler = EdgeProfiler(tgt)
+            profiler = EdgeProfiler(tgt, db=profile_db)
         chosen = make_plan(mod, tgt, strategy, ops, inplace, profiler or False, memory_guard, objective)
         out = relax.transform.DeadCodeElimination()(
             _Emitter(mod, chosen, None if ops is None else set(ops), tgt, inplace).transform())
