@@ -46,15 +46,18 @@ def main(argv=None):
     ap.add_argument("--size", default="small")
     ap.add_argument("--targets", default="llvm,cuda")
     ap.add_argument("--label", default="after")
+    ap.add_argument("--md-only", action="store_true", help="rewrite the .md from the .json")
     args = ap.parse_args(argv)
     path = RESULTS / "plan_census.json"
     data = json.loads(path.read_text()) if path.exists() else {}
+    # The commit of the vtc_tvm that ran (PYTHONPATH may point at another checkout).
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    data[args.label] = {"commit": commit, "size": args.size, "rows": census(args.size, args.targets.split(","))}
+                            cwd=Path(vtc_tvm.__file__).parent).stdout.strip()
+    if not args.md_only:
+        data[args.label] = {"commit": commit, "size": args.size, "rows": census(args.size, args.targets.split(","))}
     RESULTS.mkdir(exist_ok=True)
     path.write_text(json.dumps(data, indent=1))
-    labels = sorted(data)
+    labels = sorted(data, key=lambda lab: lab != "before")
     md = ["# Kernel census per workload (kernels / copy kernels / planned bytes)", "",
           "Columns: " + ", ".join(f"{lab} = commit {data[lab]['commit']} ({data[lab]['size']})" for lab in labels), "",
           "| workload | target | stock | " + " | ".join(f"vtc {lab}" for lab in labels) + " |",

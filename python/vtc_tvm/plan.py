@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import tvm
 from tvm import relax
-from tvm.relax.expr_functor import mutator
+from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from . import solver
 from .candidates import (Edge, Graph, Node, Walker, cached_contiguity, cached_rewrite, materialise_directly,
@@ -68,6 +68,10 @@ class Collector(Walker):
     def _value(self, var):
         b = self.binding_of.get(var)
         return None if b is None else b.value
+
+    def _emit_copy(self, binding, vt):
+        # The collector's module is thrown away: no copy kernel to build (the emitter builds it).
+        PyExprMutator.visit_var_binding_(self, binding)
 
     def on_movement(self, binding, vt, composed):
         node = self.graph.node(binding.var, binding.value, len(self.graph.nodes))
