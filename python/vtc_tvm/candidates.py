@@ -186,6 +186,15 @@ class Graph:
         self.by_var[var] = node
         return node
 
+    def constant(self) -> Node:
+        """The node a mapping with no data source is a view of (constants only)."""
+        for n in self.nodes:
+            if n.op == "constant":
+                return n
+        node = Node(len(self.nodes), None, "constant", "constant", (), "", 0)
+        self.nodes.append(node)
+        return node
+
     def load_edges_of(self, node_id) -> List[Edge]:
         return [e for e in self.edges if e.kind == "load" and e.src == node_id]
 

@@ -120,7 +120,7 @@ class Collector(Walker):
                         verdict = Decision(measured[0], f"{verdict.reason}; {measured[1]}")
                     else:
                         verdict = Decision(True, f"{verdict.reason}; not profiled (symbolic shape)")
-        edge = Edge(len(graph.edges), "load", src.id, dsts[0].id if dsts else src.id, consumer.id, name,
+        edge = Edge(len(graph.edges), "load", src.id, dsts[0].id if dsts else graph.constant().id, consumer.id, name,
                     mapping=vt.mapping, contiguity=contig, pattern=pattern, legal=rewritten is not None,
                     verdict=verdict, rewritten=rewritten, fused_before=pattern, fused_after=after,
                     sources=tuple(d.id for d in dsts))
@@ -198,7 +198,7 @@ class Plan:
         return "\n".join(lines)
 
     def _virtual(self, n: Node) -> bool:
-        return n.movement and n.var not in self.physical and any(
+        return n.movement and n.var is not None and n.var not in self.physical and any(
             e.chosen for e in self.graph.edges if e.src == n.id and e.kind == "load")
 
     def _node_reason(self, n: Node) -> str:
