@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import numpy as np
 import pytest
@@ -11,6 +12,9 @@ from tvm import relax
 
 import vtc_tvm  # noqa: F401  (registers the pass)
 from vtc_tvm.analysis import is_data_movement
+
+# profile=True keeps its measurements in a file: the tests' own, never the user's cache.
+os.environ.setdefault("VTC_TVM_PROFILE_DB", os.path.join(tempfile.mkdtemp(prefix="vtc_profile_"), "profile.json"))
 
 LLVM = tvm.target.Target("llvm")
 FUSE = tvm.transform.Sequential([

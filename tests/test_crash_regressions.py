@@ -3,8 +3,8 @@
 1. An ONNX ``Expand`` whose target shape is a runtime input: the rewritten ``broadcast_to`` was
    hoisted above the ``match_cast`` that defines the symbolic dims its shape uses, and VM shape
    lowering failed ("PrimExpr ... has not been computed"). Stock TVM compiles it.
-2. The memory guard's give-up path named Relax variables by ``.name_hint`` (GlobalVar's
-   attribute; Relax variables have ``.name``) and raised AttributeError whenever it ran.
+2. (The memory guard's trials and their give-up path are gone: the plan's memory constraint is
+   tested instead.)
 """
 
 import numpy as np
@@ -17,7 +17,6 @@ from onnx import helper as oh
 from tvm import relax
 
 import vtc_tvm
-from vtc_tvm import transform as vt_transform
 
 LLVM = tvm.target.Target("llvm")
 
@@ -54,20 +53,34 @@ def test_expand_to_a_runtime_shape_compiles_and_matches_stock(rng):
         np.testing.assert_array_equal(_run(vtc, x, s), want)
 
 
-def test_memory_guard_give_up_path_reports_relax_variables(monkeypatch):
-    """When no refusal brings planned memory under stock's, the module is left as it was and
-    each taken edge is reported physical, by the names Relax variables have."""
+def test_memory_constraint_of_the_plan_refuses_an_edge_that_would_plan_more(monkeypatch):
+    """``memory_guard`` is a constraint of the plan: an edge predicted to plan more memory than
+    it frees is left out (the consumer reads the materialised tensor), and taken without the
+    guard. The prediction is forced here; no lowering happens inside the pass."""
     from tests.conftest import emit, make_module
+    import sys
+
+    from vtc_tvm import cost
+    from vtc_tvm.strategy import Decision
+
+    plan_module = sys.modules["vtc_tvm.plan"]  # (vtc_tvm.plan is the function)
 
     mod = make_module([((8, 16), "float32"), ((8, 4), "float32")],
                       lambda x, w: emit(relax.op.matmul(emit(relax.op.permute_dims(x, [1, 0])), w)))
-    # Planned memory: stock's module 0 bytes, every rewritten one more (no trial can succeed).
-    monkeypatch.setattr("vtc_tvm.report.kernel_census",
-                        lambda m, target, stores=False: {"planned_bytes": 0 if not stores else 1})
-    report = []
-    out = vtc_tvm.VirtualTensorize(strategy="all", target=LLVM, memory_guard=True, report=report)(mod)
-    tvm.ir.assert_structural_equal(out, mod)
-    give_up = [d for d in report if d["reason"].startswith("memory guard: no refusal")]
-    assert give_up and all(isinstance(d["tensor"], str) and isinstance(d["consumer"], str) for d in give_up)
-    assert not any(d["virtual"] for d in give_up)
-    assert vt_transform.GUARD_TRIALS >= 1
+    real = cost.edge_cost
+
+    def more_memory(*args, **kw):  # as if the sources stayed alive far longer than the copy
+        c = real(*args, **kw)
+        return cost.EdgeCost(c.gain_us, c.kernels, c.memory + 10**6, c.detail)
+
+    monkeypatch.setattr(plan_module, "edge_cost", more_memory)
+    take = lambda mapping, contig, pattern: Decision(True, "custom: take")  # noqa: E731  (not "all":
+    # that takes every legal edge whatever the plan's constraints)
+    for guard, taken in ((True, False), (False, True)):
+        report = []
+        out = vtc_tvm.VirtualTensorize(strategy=take, target=LLVM, memory_guard=guard, report=report)(mod)
+        assert [d["virtual"] for d in report if d["consumer"] == "matmul"] == [taken], report
+        if guard:
+            assert "permute_dims" in out.script()  # the consumer reads the materialised tensor
+            chosen = vtc_tvm.plan(mod, LLVM, strategy=take, memory_guard=True)
+            assert chosen.summary["predicted"]["memory"] <= 0

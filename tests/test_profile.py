@@ -39,7 +39,7 @@ class _FixedTimes(EdgeProfiler):
     the copy kernel is a one-block pure copy."""
 
     def __init__(self, virtual_us):
-        super().__init__("llvm")
+        super().__init__("llvm", db=False)  # fixed times: nothing to remember across tests
         self.virtual_us, self.timed = virtual_us, []
 
     def time_us(self, func):
@@ -87,3 +87,18 @@ def test_profile_needs_the_device():
 
     with pytest.raises(RuntimeError, match="needs a cuda device"):
         vtc_tvm.VirtualTensorize(profile=True, target=cuda_target())
+
+
+def test_profile_database_is_reused_across_compiles(tmp_path, rng):
+    """A second compile with the same database measures nothing and decides the same."""
+    path = tmp_path / "profile.json"
+    mod = make_module([((16, 8), F32), ((16, 4), F32)], lambda x, w: R.matmul(R.permute_dims(x), w))
+    decisions = []
+    for _ in range(2):
+        profiler = _FixedTimes(14.0)
+        profiler.db = vtc_tvm.profile.ProfileDB(path)
+        report = []
+        vtc_tvm.VirtualTensorize(strategy="all", profile=profiler, report=report)(mod)
+        decisions.append((len(profiler.timed), [e["virtual"] for e in report]))
+    assert decisions == [(3, [True]), (0, [True])]
+    assert len(__import__("json").loads(path.read_text())) == 1

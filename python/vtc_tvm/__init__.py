@@ -23,6 +23,7 @@ def _autoload():
 from .mapping import Mapping, Piece, VirtualTensor
 from .rules import register_rule, get_rule, registered_ops
 from .transform import VirtualTensorize
+from .plan import Plan, plan
 from . import pipeline as _pipeline
 
 __version__ = "0.1.0"
@@ -32,6 +33,8 @@ __all__ = [
     "Piece",
     "VirtualTensor",
     "VirtualTensorize",
+    "Plan",
+    "plan",
     "register_rule",
     "get_rule",
     "registered_ops",

@@ -11,22 +11,67 @@ the target's device:
 The edge is taken only if virtual <= physical x (1 + ``tolerance``). Kernels are scheduled the
 way the pipeline schedules them (DLight's default rules on GPU targets), fed random data (index
 inputs are 0, always in range) and timed with ``time_evaluator``. Timings are cached by
-structural hash, so the 32 identical layers of a model are profiled once.
+structural hash, so the 32 identical layers of a model are profiled once, and kept in a
+persistent :class:`ProfileDB` (a JSON file, ``~/.cache/vtc_tvm/profile.json`` unless told
+otherwise) keyed by the structural hashes of (original consumer, copy, rewritten consumer) and
+the target string: a second compile of the same model measures nothing.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+import json
+import os
+from pathlib import Path
+from typing import Dict, Optional, Tuple, Union
 
 import numpy as np
 import tvm
 import tvm_ffi
 from tvm import tirx
 
-class EdgeProfiler:
-    """Times candidate kernels on ``target``'s device (see the module docstring)."""
+DEFAULT_DB = Path(os.path.expanduser("~/.cache/vtc_tvm/profile.json"))
 
-    def __init__(self, target, tolerance: float = 0.02, number: int = 10, repeat: int = 5):
+
+class ProfileDB:
+    """Measured edge timings that outlive a compile: ``{key: [copy_us, consumer_us, virtual_us]}``
+    in a JSON file (written after every new measurement; a damaged file is started afresh).
+    ``path``: the file; None: ``$VTC_TVM_PROFILE_DB`` or :data:`DEFAULT_DB`; False: in memory
+    only."""
+
+    def __init__(self, path: Union[str, Path, None, bool] = None):
+        if path is None:
+            path = os.environ.get("VTC_TVM_PROFILE_DB") or DEFAULT_DB
+        self.path = None if path is False else Path(path)
+        try:
+            self.entries = json.loads(self.path.read_text()) if self.path is not None else {}
+        except (OSError, ValueError):
+            self.entries = {}
+
+    @staticmethod
+    def key(original, copy, rewritten, target) -> str:
+        hashes = [tvm_ffi.structural_hash(f) for f in (original, copy, rewritten)]
+        return "/".join(str(h) for h in hashes) + "@" + str(target)
+
+    def get(self, key):
+        return self.entries.get(key)
+
+    def put(self, key, times):
+        self.entries[key] = list(times)
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.entries, indent=0))
+        tmp.replace(self.path)
+
+
+class EdgeProfiler:
+    """Times candidate kernels on ``target``'s device (see the module docstring); ``db``: a
+    :class:`ProfileDB`, its path, or None for the default file."""
+
+    def __init__(self, target, tolerance: float = 0.02, number: int = 10, repeat: int = 5,
+                 db: Union[ProfileDB, str, Path, None] = None):
+        self.db = db if isinstance(db, ProfileDB) else ProfileDB(db)
         self.target = tvm.target.Target(target)
         self.tolerance, self.number, self.repeat = tolerance, number, repeat
         kind = self.target.kind.name
@@ -38,9 +83,13 @@ class EdgeProfiler:
     def compare(self, original: tirx.PrimFunc, copy: tirx.PrimFunc,
                 rewritten: tirx.PrimFunc) -> Optional[Tuple[bool, str]]:
         """``(take, reason)``, or None when a kernel cannot be profiled (symbolic shapes)."""
-        times = [self.time_us(f) for f in (copy, original, rewritten)]
-        if any(t is None for t in times):
-            return None
+        key = ProfileDB.key(original, copy, rewritten, self.target)
+        times = self.db.get(key)
+        if times is None:
+            times = [self.time_us(f) for f in (copy, original, rewritten)]
+            if any(t is None for t in times):
+                return None
+            self.db.put(key, times)
         copy_us, consumer_us, virtual_us = times
         physical_us = copy_us + consumer_us
         take = virtual_us <= physical_us * (1 + self.tolerance)

@@ -212,6 +212,9 @@ class _StoreRewriter(PyExprMutator):
         for gv, func in self.mod.functions_items():
             if isinstance(func, relax.Function) and not (func.attrs and func.attrs.get("Primitive")):
                 uses = _uses(func)
+                # The load side's plan may have made a concat's inputs views of its sources
+                # instead: VirtualTensorize records that in "vtc.store_side" (name -> allowed).
+                self.allowed = dict((self.mod.attrs or {}).get(STORE_SIDE_ATTR, {}) or {})
                 self.plan = self._plan(func, uses)
                 self.current, self.redirected = {}, set()
                 self.updates, self.pending = self._plan_updates(func, uses), {}
@@ -234,6 +237,8 @@ class _StoreRewriter(PyExprMutator):
                 srcs = list(b.value.args[1].fields) if mapping is not None else []
                 if mapping is None or len(mapping.sources) != len(srcs) or _is_view(mapping):
                     continue  # (a reshape becomes a free view in the stock pipeline)
+                if not bool(self.allowed.get(b.var.name, True)):
+                    continue  # the plan keeps this destination's producers where they are
                 producers = {s: self.mod[bound[s].args[0]] for s in srcs
                              if isinstance(s, relax.DataflowVar) and self._producer(bound.get(s)) is not None}
                 if not producers:

@@ -1,0 +1,101 @@
+"""Cost: the predicted effect of an edge (and of a plan) on time, kernel launches and memory.
+
+Analytic, per target kind (:data:`TARGETS`, data not code):
+
+* eliminating a copy of ``B`` bytes saves its read and write, ``2 B / bandwidth``, plus one
+  launch, and frees its ``B``-byte buffer;
+* the rewritten consumer reads through the mapping: a mapping whose longest unit-stride run is
+  shorter than one coalesced transaction costs the transactions it wastes
+  (``B x (coalescing / run_bytes - 1) / bandwidth``, from :func:`vtc_tvm.analysis.contiguity`),
+  and indirect reads pay the index loads;
+* fusion lost: a consumer whose op pattern FuseOps fuses (elementwise/broadcast) that the
+  rewrite turns into a pattern it does not fuse the same way (injective, opaque) becomes a kernel
+  of its own: +1 launch and a write + read of its output.
+
+Measured costs override the analytic time when ``profile=True`` (:mod:`vtc_tvm.profile_db`).
+
+Limits: 1. bandwidths and launch overheads are nominal (H200 HBM3e, one DDR channel set for
+CPUs); 2. memory is predicted from buffer sizes alone (a virtual tensor's buffer is freed; its
+sources' lifetimes are taken as unchanged because rewritten consumers are hoisted to just after
+their inputs), not from the static planner's packing; 3. symbolic shapes have no byte counts and
+are costed at zero bytes (only the kernel launch counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from .analysis import BROADCAST
+
+# bytes/us, us per launch, bytes per coalesced transaction
+TARGETS = {
+    "cuda": dict(bandwidth=4.0e6, launch_us=2.5, coalescing=128),  # H200: ~4 TB/s
+    "llvm": dict(bandwidth=2.0e4, launch_us=0.5, coalescing=64),   # ~20 GB/s, one cache line
+}
+_DEFAULT = TARGETS["cuda"]
+
+
+def constants(target) -> dict:
+    kind = target.kind.name if target is not None else "cuda"
+    return TARGETS.get(kind, _DEFAULT)
+
+
+@dataclass(frozen=True)
+class EdgeCost:
+    """What choosing an edge changes: ``gain_us`` saved (negative: slower), ``kernels`` and
+    ``memory`` (bytes) added (negative: fewer/less). ``copy_*`` is the share of the eliminated
+    copy (split among the edges of one virtual tensor, which are taken together)."""
+
+    gain_us: float
+    kernels: int
+    memory: int
+    detail: str
+    measured: bool = False
+
+
+def copy_saving(nbytes: Optional[int], target) -> float:
+    """Time of the copy kernel that materialises ``nbytes``: read + write, plus a launch."""
+    c = constants(target)
+    return 2 * (nbytes or 0) / c["bandwidth"] + c["launch_us"]
+
+
+def read_penalty(nbytes: Optional[int], contig, dtype_bytes: int, target) -> float:
+    """Extra time of a consumer reading ``nbytes`` through a mapping of contiguity ``contig``."""
+    if not nbytes or contig is None or contig.full:
+        return 0.0
+    c = constants(target)
+    run_bytes = max(contig.inner_run, contig.best_axis_run, 1) * dtype_bytes
+    waste = max(c["coalescing"] / run_bytes - 1.0, 0.0)
+    extra = nbytes * min(waste, 8.0) / c["bandwidth"]
+    if contig.indirect:
+        extra += nbytes / c["bandwidth"]  # the index loads
+    return extra
+
+
+def fusion_lost(before: Optional[int], after: Optional[int], behind_tiled: bool) -> bool:
+    """Whether FuseOps groups the rewritten consumer worse than the original: a consumer it
+    fused into a GEMM/conv epilogue (elementwise/broadcast behind an ``OutEWiseFusable``
+    producer, ``behind_tiled``) that is now injective or opaque, which FuseOps does not fuse
+    there."""
+    return behind_tiled and before is not None and after is not None and before <= BROADCAST < after
+
+
+def edge_cost(share: float, nbytes: Optional[int], out_bytes: Optional[int], contig, dtype_bytes: int,
+              before: Optional[int], after: Optional[int], behind_tiled: bool, target, kernels_saved: int,
+              memory_freed: int) -> EdgeCost:
+    """Cost of one load edge. ``share`` of the copy's time, ``kernels_saved`` launches and
+    ``memory_freed`` bytes are this edge's part of what eliminating the copy saves."""
+    c = constants(target)
+    penalty = read_penalty(nbytes, contig, dtype_bytes, target)
+    kernels = -kernels_saved
+    gain = share - penalty
+    detail = f"copy share {share:.2f} us, read penalty {penalty:.2f} us"
+    if fusion_lost(before, after, behind_tiled):
+        kernels += 1
+        gain -= c["launch_us"] + 2 * (out_bytes or 0) / c["bandwidth"]
+        detail += f"; fusion lost (op pattern {before} -> {after}): +1 kernel"
+    return EdgeCost(gain, kernels, -memory_freed, detail)
+
+
+__all__ = ["TARGETS", "EdgeCost", "constants", "copy_saving", "read_penalty", "fusion_lost", "edge_cost"]

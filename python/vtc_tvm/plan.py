@@ -1,0 +1,438 @@
+"""Plan: one global decision over the opportunity graph (:mod:`vtc_tvm.candidates`).
+
+``plan(mod, target, ...)`` collects every candidate edge once (rewrites cached), costs it
+(:mod:`vtc_tvm.cost`), and lets the native solver (:mod:`vtc_tvm.solver`) choose a conflict-free
+set: the edges of one virtual tensor are taken together (``requires`` in a cycle: the copy is
+only saved when every consumer reads through the mapping), a tensor that some use keeps physical
+(a function output, a consumer that cannot be rewritten, an edge the strategy refuses) offers no
+edges, a concat is either virtual over its inputs or the destination its producers store into
+(a conflict set per producer), and the chosen plan never adds kernels nor (with
+``memory_guard``) planned bytes (the budgets).
+
+Which movement results stay materialised also depends on how the ones they compose through
+end up; that is a fixed point over the graph (limit 1): each step re-walks the module with the
+cached rewrites and no lowering, and in practice one or two steps suffice. The result is a
+:class:`Plan`: data (``to_json``, ``to_dot``) and the decisions :mod:`vtc_tvm.transform` emits.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from . import solver
+from .candidates import (Edge, Graph, Node, Walker, cached_contiguity, cached_rewrite, materialise_directly,
+                         VIEW_OPS, _op_name)
+from .cost import EdgeCost, copy_saving, edge_cost
+from .rewrite import NotRewritable
+from .strategy import Decision, by_contiguity, get_strategy
+
+MAX_STEPS = 4  # materialisation fixed point: each step only adds physical tensors
+_TILED_OPS = {"relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.linear",
+              "relax.nn.conv2d_transpose"}
+_VIEW_BONUS_US = 1e-3  # a reshape is free in stock; reading through it still simplifies the graph
+
+
+@mutator
+class Collector(Walker):
+    """Walks a module and records the candidate graph; consumers are rewritten (in the
+    throw-away output) where the strategy alone would take the edge, so that a consumer with
+    several virtual inputs is rewritten in the same order the emitter rewrites it."""
+
+    def __init__(self, mod, choose, ops, target, inplace, physical, profiler, graph: Graph):
+        super().__init__(mod, ops, target, inplace, physical)
+        self.choose, self.profiler, self.graph = choose, profiler, graph
+        self.kept_reads: Dict[relax.Var, list] = {}
+        self.consumer_reads: Dict[relax.Var, tuple] = {}
+        self.outputs: list = []
+        self.bindings: list = []
+        self.binding_of: Dict[relax.Var, relax.Binding] = {}
+        self.all_uses: Dict[relax.Var, int] = {}
+        self.edges_into: Dict[relax.Var, List[Edge]] = {}
+
+    def begin_function(self, func):
+        for p in func.params:
+            self.graph.node(p)
+        for block in func.body.blocks:
+            for b in block.bindings:
+                self.bindings.append(b)
+                self.binding_of[b.var] = b
+        self.outputs += list(relax.analysis.free_vars(func.body.body))
+        self.all_uses.update(self.uses)
+
+    def _value(self, var):
+        b = self.binding_of.get(var)
+        return None if b is None else b.value
+
+    def _emit_copy(self, binding, vt):
+        # The collector's module is thrown away: no copy kernel to build (the emitter builds it).
+        PyExprMutator.visit_var_binding_(self, binding)
+
+    def on_movement(self, binding, vt, composed):
+        node = self.graph.node(binding.var, binding.value, len(self.graph.nodes))
+        node.movement = True
+        if not isinstance(vt, list) and materialise_directly(binding.value, vt, composed):
+            self.kept_reads[binding.var] = [s for s in composed.sources if isinstance(s, relax.Var)]
+        else:
+            self.kept_reads[binding.var] = list(relax.analysis.free_vars(binding.value))
+        if _op_name(binding.value) == "relax.concat" and not isinstance(vt, list):
+            self._store_candidates(binding)
+
+    def _store_candidates(self, binding):
+        """Concat inputs a kernel produces and nothing else reads: their producer can write its
+        slice of the concat (the store side, after fusion)."""
+        concat = self.graph.by_var[binding.var]
+        tup = binding.value.args[0]
+        fields = self.lookup_binding(tup).fields if isinstance(tup, relax.Var) else tup.fields
+        for s in fields:
+            value = self._value(s) if isinstance(s, relax.DataflowVar) else None
+            if not isinstance(value, relax.Call) or self.uses.get(s, 0) != 1 or s in self.movement_vars:
+                continue
+            src = self.graph.node(s, value)
+            self.graph.edges.append(Edge(len(self.graph.edges), "store", src.id, concat.id, concat.id,
+                                         concat.name, mapping=None, legal=True,
+                                         verdict=Decision(True, "producer stores into its slice")))
+
+    def decide(self, arg, var, vt, func, index, name, pattern):
+        graph = self.graph
+        src = graph.node(arg, self._value(arg))
+        consumer = graph.node(var, self._value(var))
+        data = [s for j, s in enumerate(vt.sources) if j in vt.mapping.data_sources() and isinstance(s, relax.Var)]
+        dsts = [graph.node(s, self._value(s)) for s in data]
+        contig = cached_contiguity(vt.mapping)
+        verdict = self.choose(vt.mapping, contig, pattern)
+        rewritten, after = None, None
+        if verdict.take:
+            got = cached_rewrite(func, index, vt.mapping, arg.name, self.target)
+            if isinstance(got, NotRewritable):
+                verdict = Decision(False, str(got))
+            else:
+                rewritten = got
+                after = int(got.attrs["op_pattern"]) if got.attrs and "op_pattern" in got.attrs else pattern
+                if self.profiler is not None:
+                    measured = self.profiler.compare(func, vt.mapping.to_prim_func("vtc_copy"), got)
+                    if measured is not None:
+                        verdict = Decision(measured[0], f"{verdict.reason}; {measured[1]}")
+                    else:
+                        verdict = Decision(True, f"{verdict.reason}; not profiled (symbolic shape)")
+        edge = Edge(len(graph.edges), "load", src.id, dsts[0].id if dsts else graph.constant().id, consumer.id, name,
+                    mapping=vt.mapping, contiguity=contig, pattern=pattern, legal=rewritten is not None,
+                    verdict=verdict, rewritten=rewritten, fused_before=pattern, fused_after=after,
+                    sources=tuple(d.id for d in dsts))
+        edge.behind_tiled = self._behind_tiled(var, arg)
+        edge.source_vars = [s for s in vt.sources if isinstance(s, relax.Var)]
+        edge.arg, edge.consumer_var = arg, var
+        graph.edges.append(edge)
+        self.edges_into.setdefault(var, []).append(edge)
+        return (verdict if rewritten is not None else Decision(False, verdict.reason)), rewritten
+
+    def _behind_tiled(self, var, arg) -> bool:
+        """Whether another input of consumer ``var`` comes from a GEMM/conv (FuseOps fuses an
+        elementwise/broadcast consumer into its epilogue)."""
+        value = self._value(var)
+        return isinstance(value, relax.Call) and any(
+            isinstance(a, relax.Var) and not a.same_as(arg) and _op_name(self._value(a)) in _TILED_OPS
+            for a in value.args)
+
+    def decide_inplace(self, cache, call):
+        node = self.graph.node(cache)
+        self.graph.edges.append(Edge(len(self.graph.edges), "store", node.id, node.id, None, call.op.name,
+                                     legal=True, verdict=Decision(True, "updated in place (inplace=)"),
+                                     chosen=True, reason="updated in place: only the new elements are written"))
+        return True
+
+
+@dataclass
+class Plan:
+    """The chosen plan and the graph it was chosen on."""
+
+    graph: Graph
+    conflicts: List[List[int]]
+    choice: Dict[tuple, Decision]           # (tensor var, consumer var) -> decision
+    physical: frozenset
+    rows: List[dict]                        # report rows, one per (tensor, consumer)
+    summary: dict
+    problem: Optional[solver.Problem] = None
+    offered: List[int] = field(default_factory=list)  # solver edge index -> graph edge id
+
+    def chosen_edges(self) -> List[Edge]:
+        return [e for e in self.graph.edges if e.chosen]
+
+    def store_side(self) -> Dict[str, bool]:
+        """{concat variable name: whether its producers may store into it} for every concat
+        with store-side candidates (what :mod:`vtc_tvm.stores` honours)."""
+        out: Dict[str, bool] = {}
+        for e in self.graph.edges:
+            if e.kind == "store" and e.consumer is not None:
+                name = self.graph.nodes[e.dst].var.name
+                out[name] = out.get(name, False) or e.chosen
+        return out
+
+    def to_json(self) -> str:
+        nodes = [{"id": n.id, "name": n.name, "op": n.op, "onnx_node": n.onnx_node, "shape": list(n.shape),
+                  "dtype": n.dtype, "bytes": n.bytes, "virtual": self._virtual(n),
+                  "reason": self._node_reason(n)} for n in self.graph.nodes]
+        edges = [{"id": e.id, "src": e.src, "dst": e.dst, "kind": e.kind,
+                  "consumer": e.consumer_name, "mapping": None if e.mapping is None else repr(e.mapping),
+                  "gain_us": None if e.cost is None else e.cost.gain_us,
+                  "kernels": None if e.cost is None else e.cost.kernels,
+                  "memory": None if e.cost is None else e.cost.memory,
+                  "chosen": e.chosen, "reason": e.reason} for e in self.graph.edges]
+        return json.dumps({"nodes": nodes, "edges": edges, "conflicts": self.conflicts,
+                           "summary": self.summary}, indent=1, default=str)
+
+    def to_dot(self) -> str:
+        lines = ["digraph vtc_plan {", "  rankdir=LR;"]
+        for n in self.graph.nodes:
+            style = "dashed" if self._virtual(n) else "solid"
+            lines.append(f'  n{n.id} [label="{n.name}\\n{list(n.shape)}", style={style}];')
+        for e in self.graph.edges:
+            color = "black" if e.chosen else "gray"
+            lines.append(f'  n{e.src} -> n{e.dst} [label="{e.kind}:{e.consumer_name}", color={color}];')
+        lines.append("}")
+        return "\n".join(lines)
+
+    def _virtual(self, n: Node) -> bool:
+        return n.movement and n.var is not None and n.var not in self.physical and any(
+            e.chosen for e in self.graph.edges if e.src == n.id and e.kind == "load")
+
+    def _node_reason(self, n: Node) -> str:
+        if not n.movement:
+            return "computed by a kernel"
+        if self._virtual(n):
+            return "virtual: every consumer reads through its mapping"
+        return self.graph.escapes.get(n.id, ["stays materialised"])[0]
+
+
+def plan(mod: tvm.IRModule, target=None, strategy: Union[str, Callable] = "contiguity",
+         ops: Optional[Sequence[str]] = None, inplace: Sequence[str] = (), profile=False,
+         memory_guard: bool = False, objective: str = "latency", report=None) -> Plan:
+    """The plan :func:`vtc_tvm.VirtualTensorize` emits for ``mod`` (same options)."""
+    from .profile import EdgeProfiler
+
+    tgt = tvm.target.Target(target) if target is not None else tvm.target.Target.current(allow_none=True)
+    profiler = profile if isinstance(profile, EdgeProfiler) else None
+    if profile is True:
+        if tgt is None:
+            raise ValueError("VirtualTensorize(profile=True) needs a target")
+        profiler = EdgeProfiler(tgt)
+    choose = get_strategy(strategy)
+    allowed = None if ops is None else set(ops)
+    every = strategy == "all"
+    return _plan(mod, tgt, choose, allowed, tuple(inplace), profiler, memory_guard, objective, every)
+
+
+def _plan(mod, tgt, choose, allowed, inplace, profiler, memory_guard, objective, every=False) -> Plan:
+    physical: frozenset = frozenset()
+    earlier: Dict[tuple, dict] = {}
+    earlier_edges: Dict[tuple, Edge] = {}
+    nodes = Graph()  # one node table for every step: stable node ids
+    for step in range(MAX_STEPS):
+        graph = Graph(nodes=nodes.nodes, by_var=nodes.by_var, _ops=nodes._ops)
+        collector = Collector(mod, choose, allowed, tgt, inplace, physical, profiler, graph)
+        collector.transform()
+        result = _solve(graph, collector, tgt, memory_guard, objective, every)
+        stayed = _materialised(collector, result.choice)
+        if every:  # "all": consumers keep reading through a tensor that is materialised anyway
+            stayed -= {graph.nodes[e.src].var for e in graph.edges if e.chosen and e.kind == "load"}
+        stayed = frozenset(collector_split(collector).get(v, v) for v in stayed)
+        if stayed <= physical:
+            break
+        for row in result.rows:
+            earlier.setdefault((row["tensor"], row["consumer"]), row)
+        for e in graph.edges:
+            if e.kind == "load":
+                earlier_edges.setdefault((e.arg, e.consumer_var), e)
+        physical = physical | stayed
+    result.physical = physical
+    final = {(e.arg, e.consumer_var) for e in graph.edges if e.kind == "load"}
+    for key, e in earlier_edges.items():  # edges into tensors an earlier step found materialised
+        if key not in final:
+            e.id, e.chosen = len(graph.edges), False
+            e.reason = f"the tensor stays materialised, read directly; alone: {e.verdict.reason}"
+            graph.edges.append(e)
+    result.summary["solver"]["steps"] = step + 1
+    # Edges decided in an earlier step whose tensor then stayed materialised: read directly.
+    seen = {(r["tensor"], r["consumer"]) for r in result.rows}
+    for key, row in earlier.items():
+        if key not in seen and not row["virtual"]:
+            result.rows.append(row)
+        elif key not in seen:
+            result.rows.append(dict(row, virtual=False, reason=(
+                "stays materialised (read where it cannot be virtual), so consumers read it directly; "
+                f"alone: {row['reason']}")))
+    return result
+
+
+def collector_split(collector) -> dict:
+    """{var: the split var} for variables whose only use is one ``relax.split``: the split's
+    parts are materialised instead (one multi-output copy with part-sized buffers, as stock)."""
+    found = {}
+    for b in collector.bindings:
+        v = b.value
+        if isinstance(v, relax.Call) and _op_name(v) == "relax.split" and isinstance(v.args[0], relax.Var) \
+                and collector.all_uses.get(v.args[0]) == 1:
+            found[v.args[0]] = b.var
+    return found
+
+
+def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objective: str, every: bool) -> Plan:
+    """Cost the graph's edges and solve for the plan (see the module docstring)."""
+    edges = graph.edges
+    # Occurrences of each tensor outside movement bindings: what must read through it.
+    needed: Dict[relax.Var, int] = {}
+    for b in collector.bindings:
+        if b.var in collector.movement_vars:
+            continue
+        for v in _occurrences(b.value):
+            needed[v] = needed.get(v, 0) + 1
+    for v in collector.outputs:
+        needed[v] = needed.get(v, 0) + 1
+    by_src: Dict[int, List[Edge]] = {}
+    for e in edges:
+        if e.kind == "load":
+            by_src.setdefault(e.src, []).append(e)
+    offered: List[int] = []
+    gain, kernels, memory, requires = [], [], [], []
+    first_load: Dict[int, int] = {}
+    for src, group in by_src.items():
+        node = graph.nodes[src]
+        refused = [e for e in group if not (e.legal and e.verdict.take)]
+        for e in refused:
+            e.reason = e.verdict.reason
+        covered = len(group) - len(refused)
+        if refused or needed.get(node.var, 0) > covered or node.var in collector.outputs:
+            why = refused[0].verdict.reason if refused else (
+                "a function output" if node.var in collector.outputs else "read by a consumer that cannot read through it")
+            graph.escapes[src] = [f"stays materialised: {why}"]
+            for e in group:
+                if e not in refused:
+                    e.chosen = every
+                    e.reason = (f"{e.verdict.reason} (the tensor is materialised too: {why})" if every else
+                                f"{e.verdict.reason}; but the tensor stays materialised ({why})")
+            continue
+        view = node.op in VIEW_OPS
+        saving = _VIEW_BONUS_US if view else copy_saving(node.bytes, tgt)
+        share = saving / len(group)
+        ids = []
+        for k, e in enumerate(group):
+            dtype_bytes = max(tvm.runtime.DataType(node.dtype).bits // 8, 1) if node.dtype else 4
+            out = graph.nodes[e.consumer]
+            e.cost = edge_cost(share, node.bytes, out.bytes, e.contiguity, dtype_bytes, e.fused_before,
+                               e.fused_after, getattr(e, "behind_tiled", False), tgt,
+                               kernels_saved=int(k == 0 and not view),
+                               memory_freed=(node.bytes or 0) if (k == 0 and not view) else 0)
+            ids.append(len(offered))
+            offered.append(e.id)
+            gain.append(e.cost.gain_us)
+            kernels.append(e.cost.kernels)
+            memory.append(e.cost.memory)
+        first_load[src] = ids[0]
+        requires += [(ids[i], ids[(i + 1) % len(ids)]) for i in range(len(ids))] if len(ids) > 1 else []
+    conflicts = []
+    for e in edges:
+        if e.kind != "store" or e.consumer is None:
+            continue
+        node = graph.nodes[e.src]
+        # The copy's read of this input is saved (the producer writes what it wrote anyway), the
+        # concat's buffer stays: less than the load side saves, which also drops the launch.
+        e.cost = EdgeCost((copy_saving(node.bytes, tgt) - copy_saving(0, tgt)) / 2, 0, -(node.bytes or 0),
+                          "producer writes its slice")
+        if graph.nodes[e.dst].var in collector.physical or e.dst not in first_load:
+            e.chosen, e.reason = True, "producer stores into its slice of the concat (store side)"
+            continue
+        conflicts.append([offered[first_load[e.dst]], e.id])
+        e.reason = "concat virtual over its inputs instead"  # unless chosen below
+        store_id = len(offered)
+        offered.append(e.id)
+        gain.append(e.cost.gain_us)
+        kernels.append(0)
+        memory.append(e.cost.memory)
+        conflicts[-1] = [first_load[e.dst], store_id]
+    problem = solver.Problem(
+        num_nodes=len(graph.nodes),
+        edges=[(edges[i].src, edges[i].dst) for i in offered],
+        gain=gain, kernels=kernels, memory=memory, conflicts=conflicts, requires=requires,
+        memory_budget=0 if memory_guard else None, kernel_budget=0, objective=objective)
+    if every:  # "all": every legal edge, the load side winning its conflicts
+        picked = tuple(k for k, eid in enumerate(offered) if edges[eid].kind == "load")
+        solution = solver.Solution(picked, sum(gain[k] for k in picked), sum(memory[k] for k in picked),
+                                   sum(kernels[k] for k in picked), False, (("all", len(offered)),))
+    else:
+        solution = solver.solve(problem) if offered else solver.Solution((), 0.0, 0, 0, True, ())
+    chosen = set(solution.chosen)
+    for k, eid in enumerate(offered):
+        e = edges[eid]
+        e.chosen = k in chosen
+        if e.kind == "load":
+            e.reason = e.verdict.reason if e.chosen else (
+                f"{e.verdict.reason}; not in the plan (predicted {_fmt(e.cost)} for all its consumers' "
+                "edges together, or a budget/conflict)")
+        elif e.chosen:
+            e.reason = "producer stores into its slice of the concat (store side)"
+    choice = {}
+    rows, seen = [], set()
+    for e in edges:
+        if e.kind != "load":
+            continue
+        choice[(e.arg, e.consumer_var)] = Decision(e.chosen, e.reason)
+    summary = {"predicted": {"gain_us": solution.gain, "kernels": solution.kernels, "memory": solution.memory},
+               "solver": {"exact": solution.exact, "components": [list(c) for c in solution.components],
+                          "edges_offered": len(offered), "edges": len(edges)}}
+    p = Plan(graph, [[offered[i] for i in c] for c in conflicts], choice, collector.physical, rows, summary,
+             problem, offered)
+    for row in collector.report:
+        key = (row["tensor"], row["consumer"])
+        if key in seen:
+            continue
+        seen.add(key)
+        rows.append(dict(row))
+    # Rows of edges: the plan's word, not the tentative one the walk logged.
+    by_key = {(edges[i].arg.name, edges[i].consumer_name): edges[i] for i in range(len(edges))
+              if edges[i].kind == "load"}
+    for row in rows:
+        e = by_key.get((row["tensor"], row["consumer"]))
+        if e is not None:
+            row["virtual"], row["reason"] = e.chosen, e.reason
+    return p
+
+
+def _fmt(cost) -> str:
+    return "no cost" if cost is None else f"{cost.gain_us:+.2f} us, {cost.kernels:+d} kernels"
+
+
+def _occurrences(value) -> list:
+    found = []
+
+    def visit(e):
+        if isinstance(e, relax.Var):
+            found.append(e)
+
+    relax.analysis.post_order_visit(value, visit)
+    return found
+
+
+def _materialised(collector: Collector, choice: Dict[tuple, Decision]) -> set:
+    """Movement results the emitted module still computes under ``choice``: those read by a
+    live binding (a consumer reading them directly, a function output, another one that stays),
+    as dead-code elimination would leave them."""
+    live = set(collector.outputs)
+    for b in reversed(collector.bindings):
+        if b.var in collector.movement_vars:
+            if b.var in live:
+                live.update(collector.kept_reads.get(b.var, []))
+            continue
+        for v in _occurrences(b.value):
+            d = choice.get((v, b.var))
+            if d is not None and d.take:
+                continue  # read through its mapping: the sources are read instead (below)
+            live.add(v)
+        for e in collector.edges_into.get(b.var, ()):
+            if e.chosen:
+                live.update(e.source_vars)
+    return {v for v in live if v in collector.movement_vars}

@@ -1,0 +1,151 @@
+"""The global plan (issue 12): the opportunity graph, its conflicts, the solver's choice, the
+plan as data, and the rewrite cache shared by identical layers."""
+
+import json
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+import tvm.relax.op as R
+
+import vtc_tvm
+from vtc_tvm import candidates, solver
+from tests.conftest import emit, make_module, random_inputs, run
+from tests.test_core_pass import assert_outputs_equal
+
+LLVM = tvm.target.Target("llvm")
+F32 = "float32"
+
+
+def _split_reshapes(x, w):
+    """The paper's first conflict example: a split whose parts are reshaped and consumed."""
+    parts = emit(R.split(emit(R.exp(x)), 2, axis=0))
+    a = emit(R.reshape(emit(relax.TupleGetItem(parts, 0)), (8, 4)))
+    b = emit(R.reshape(emit(relax.TupleGetItem(parts, 1)), (8, 4)))
+    return R.add(emit(R.matmul(a, w)), emit(R.matmul(b, w)))
+
+
+def _feasible(p) -> bool:
+    chosen = [k for k, eid in enumerate(p.offered) if p.graph.edges[eid].chosen]
+    return p.problem is None or not p.offered or solver.is_feasible(p.problem, chosen)
+
+
+def test_split_feeding_reshapes_is_planned_conflict_free_and_correct(rng):
+    params = [((8, 8), F32), ((4, 6), F32)]
+    mod = make_module(params, _split_reshapes)
+    p = vtc_tvm.plan(mod, LLVM)
+    assert _feasible(p)
+    names = {n.name for n in p.graph.nodes}
+    assert {"split#0", "reshape#0", "reshape#1"} <= names, names
+    # Each part is read by its matmul through one mapping over the exp's output: a view of one thing.
+    loads = [e for e in p.graph.edges if e.kind == "load" and e.chosen]
+    assert loads and all(len(set(e.sources)) == 1 for e in loads)
+    out = vtc_tvm.VirtualTensorize(target=LLVM)(mod)
+    inputs = random_inputs(params, rng)
+    assert_outputs_equal(run(out, inputs), run(mod, inputs))
+
+
+def test_plan_json_has_the_documented_schema():
+    mod = make_module([((8, 8), F32), ((4, 6), F32)], _split_reshapes)
+    data = json.loads(vtc_tvm.plan(mod, LLVM).to_json())
+    assert set(data) == {"nodes", "edges", "conflicts", "summary"}
+    assert all(set(n) == {"id", "name", "op", "onnx_node", "shape", "dtype", "bytes", "virtual", "reason"}
+               for n in data["nodes"])
+    assert all(set(e) == {"id", "src", "dst", "kind", "consumer", "mapping", "gain_us", "kernels", "memory",
+                          "chosen", "reason"} for e in data["edges"])
+    assert set(data["summary"]) == {"predicted", "solver"}
+    assert any(e["chosen"] and e["kind"] == "load" for e in data["edges"])
+    assert "digraph" in vtc_tvm.plan(mod, LLVM).to_dot()
+
+
+def _concat_escapes(x, y, w):
+    """A concat read by a matmul and returned: it stays physical, so its inputs' producers may
+    store into it (store side) instead of it being virtual over them (load side)."""
+    c = emit(R.concat([emit(R.exp(x)), emit(R.exp(y))], axis=0))
+    return emit(R.matmul(c, w)), c
+
+
+def test_concat_is_either_virtual_or_a_store_destination(rng):
+    params = [((4, 8), F32), ((4, 8), F32), ((8, 3), F32)]
+    mod = make_module(params, _concat_escapes)
+    p = vtc_tvm.plan(mod, LLVM)
+    assert _feasible(p)
+    stores = [e for e in p.graph.edges if e.kind == "store" and e.consumer is not None]
+    assert len(stores) == 2 and all(e.chosen for e in stores)
+    assert p.store_side() == {next(n.var.name for n in p.graph.nodes if n.op == "relax.concat"): True}
+    assert not any(e.chosen for e in p.graph.edges if e.kind == "load" and p.graph.nodes[e.src].op == "relax.concat")
+    # Without the escape the load side wins the conflict: the concat is virtual, no store edge.
+    mod2 = make_module(params, lambda x, y, w: R.matmul(emit(R.concat([emit(R.exp(x)), emit(R.exp(y))])), w))
+    p2 = vtc_tvm.plan(mod2, LLVM)
+    assert _feasible(p2) and p2.conflicts
+    assert not any(e.chosen for e in p2.graph.edges if e.kind == "store")
+    out = tvm.compile(mod, LLVM, relax_pipeline=relax.get_pipeline("vtc", target=LLVM))
+    stock = tvm.compile(mod, LLVM, relax_pipeline=relax.get_default_pipeline(LLVM))
+    inputs = random_inputs(params, rng)
+    vm_v, vm_s = relax.VirtualMachine(out, tvm.cpu()), relax.VirtualMachine(stock, tvm.cpu())
+    args = [tvm.runtime.tensor(a) for a in inputs]
+    for got, want in zip(vm_v["main"](*args), vm_s["main"](*args)):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _kv_module():
+    B, H, T, D = 1, 2, 8, 4
+    cache = relax.Var("cache", relax.TensorType((B, H, T, D), F32))
+    q = relax.Var("q", relax.TensorType((B, H, 1, D), F32))
+    new = relax.Var("new", relax.TensorType((B, H, 1, D), F32))
+    idx = relax.Var("idx", relax.TensorType((B, H, 1, 3), "int64"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [cache, q, new, idx]):
+        with bb.dataflow():
+            updated = bb.emit(R.scatter_nd(cache, idx, bb.emit(R.exp(new)), reduction="update"))
+            scores = bb.emit(R.matmul(q, bb.emit(R.permute_dims(updated, [0, 1, 3, 2]))))
+            out = bb.emit_output(relax.Tuple([scores, updated]))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_scatter_nd_into_a_kv_cache_points_to_graphs():
+    """The paper's second example: the updated cache is either a new tensor (stock: a copy of
+    the cache plus the rows) or the caller's cache updated in place (``inplace=``); the plan has
+    the in-place edge only where the caller allows it, and stays conflict-free either way."""
+    mod = _kv_module()
+    for inplace, expect in (((), 0), (("cache",), 1)):
+        p = vtc_tvm.plan(mod, LLVM, inplace=inplace)
+        assert _feasible(p)
+        updates = [e for e in p.graph.edges if e.kind == "store" and e.consumer is None]
+        assert len(updates) == expect and all(e.chosen for e in updates)
+        # The transposed cache read by the matmul is a candidate load edge either way (taken
+        # under "all"; the contiguity classes refuse its 4-element runs into a GEMM).
+        assert any(e.kind == "load" and e.consumer_name == "matmul" for e in p.graph.edges)
+        p_all = vtc_tvm.plan(mod, LLVM, inplace=inplace, strategy="all")
+        assert _feasible(p_all)
+        assert any(e.kind == "load" and e.chosen and e.consumer_name == "matmul" for e in p_all.graph.edges)
+
+
+@pytest.mark.parametrize("strategy", ["contiguity", "all"])
+def test_every_emitted_plan_is_conflict_free(strategy):
+    from tests.test_core_pass import CASES
+
+    for case in CASES[::3]:
+        p = vtc_tvm.plan(make_module(case[2], case[3]), LLVM, strategy=strategy)
+        assert _feasible(p), case[0]
+        assert len({(r["tensor"], r["consumer"]) for r in p.rows}) == len(p.rows)
+
+
+def _layers(n):
+    def body(x, *ws):
+        h = x
+        for w in ws:
+            h = emit(R.matmul(emit(R.nn.relu(emit(R.permute_dims(h)))), w))
+        return h
+    return make_module([((8, 8), F32)] + [((8, 8), F32)] * n, body)
+
+
+def test_identical_layers_share_their_rewrites():
+    candidates.REWRITES.clear()
+    vtc_tvm.plan(_layers(1), LLVM)
+    one = len(candidates.REWRITES)
+    candidates.REWRITES.clear()
+    vtc_tvm.plan(_layers(6), LLVM)
+    assert one >= 1 and len(candidates.REWRITES) == one
