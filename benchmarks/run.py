@@ -439,10 +439,10 @@ def _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch, ref64=None):
 # ----------------------------------------------------------------------------------------------
 # Reporting
 # ----------------------------------------------------------------------------------------------
-KEYS = ["workload", "batch", "scheduler", "trials", "stock_ms", "vtc_ms", "torch_eager_ms", "torch_compile_ms",
+KEYS = ["workload", "batch", "scheduler", "trials", "stock_ms", "stock_sched_ms", "vtc_ms", "torch_eager_ms", "torch_compile_ms",
         "torch_best_ms",
         "stock_peak_mib", "vtc_peak_mib", "stock_kernels", "vtc_kernels", "stock_dm_us", "vtc_dm_us", "max_rel_err",
-        "vtc_rel_err_fp64"]
+        "vtc_rel_err_fp64", "stock_planned_mib", "vtc_planned_mib"]
 
 
 def _f(v, fmt="{:.3f}"):
