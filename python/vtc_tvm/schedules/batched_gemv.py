@@ -97,6 +97,17 @@ def match(sch: s_tir.Schedule, block) -> Optional[GemvForm]:
             own[0 if a else 1].append(pos)
         else:  # an output axis neither operand reads (a broadcast): not a GEMM
             return None
+    # An index that mixes a reduction axis with a spatial one is a convolution window
+    # (x[n, c, h + kh, w + kw]), not a GEMM operand: the schedule loads each operand along its
+    # own axes (found on the H200: a grouped conv of EfficientViT taken as a batched GEMV gave
+    # wrong results). Mapped reads keep one role per index (A[b, k // 128, 0, k % 128]).
+    reduce_axis = {iv.var: iv.iter_type == tirx.IterVar.CommReduce for iv in stmt.iter_vars}
+    for r in stmt.reads:
+        for dim in r.region:
+            roles = {reduce_axis[v] for v in collect_block_iter_vars_used_in_access_region(stmt, [dim])
+                     if v in reduce_axis}
+            if len(roles) > 1:
+                return None
     ext = lambda ps: _product([stmt.iter_vars[p].dom.extent for p in ps])
     # the weight is the operand with the larger own extent; the other one's own axes are the rows
     weight_idx = 0 if ext(own[0]) > ext(own[1]) else 1
