@@ -116,6 +116,28 @@ def test_decode_attention_declines(make):
     assert _schedule(SMALL["attn"], make()) is None
 
 
+def legalized_conv(C=96, groups=12, kernel=1, dtype="float16"):
+    """A grouped conv2d as LegalizeOps writes it (EfficientViT's grouped 1x1 and 5x5 convs): its
+    input index mixes output and window axes (``x[n, c, h + ry, w + rx]``)."""
+    x = relax.Var("x", relax.TensorType((1, C, 32, 32), dtype))
+    w = relax.Var("w", relax.TensorType((C, C // groups, kernel, kernel), dtype))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.nn.conv2d(x, w, padding=kernel // 2, groups=groups))
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    return next(f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc))
+
+
+@pytest.mark.parametrize("rule", [SMALL["gemm"], SMALL["attn"], S.DecodeAttention(), S.LowBatchGEMM(min_weight=1)])
+def test_rules_decline_convolutions(rule):
+    """Found on the H200: DecodeAttention took a grouped conv of EfficientViT as a batched GEMV
+    (its window index read as an operand axis) and the vtc build was 3.2e-2 from stock."""
+    for conv in (legalized_conv(), legalized_conv(C=96, groups=96, kernel=5)):
+        assert _schedule(rule, conv) is None
+
+
 def test_match_classifies_axes():
     sch, block = batched_gemv.single_reduction(gqa_values(B=2, H=8, KV=2, T=33, D=64))
     form = batched_gemv.match(sch, block)
