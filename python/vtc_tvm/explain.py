@@ -41,14 +41,13 @@ _CALL_TIR = Op.get("relax.call_tir")
 
 # -- the plan dict ---------------------------------------------------------------------------------
 def plan_of(mod, vtc_mod, target, decisions, census, model_path: Optional[str] = None) -> dict:
-    """The plan dict for ``mod`` (``vtc_tvm.plan`` when it exists, else from ``decisions``),
-    with ``summary`` holding the kernel census (and latency) of stock and vtc."""
-    import vtc_tvm
+    """The plan dict for ``mod``, built from the pass's ``decisions`` rows, with ``summary``
+    holding the kernel census (and latency) of stock and vtc.
 
-    if hasattr(vtc_tvm, "plan"):
-        plan = dict(vtc_tvm.plan(mod, target).to_json())
-    else:
-        plan = plan_from_decisions(mod, vtc_mod, decisions, _onnx_names(model_path))
+    (The planner's own ``vtc_tvm.plan(mod, target).to_json()`` has the same keys but names
+    tensors by op, not by ONNX node, and carries no per-node mapping yet: the report keeps the
+    decision rows until it does.)"""
+    plan = plan_from_decisions(mod, vtc_mod, decisions, _onnx_names(model_path))
     summary = dict(plan.get("summary") or {})
     for key in ("kernels", "data_movement", "planned_bytes", "latency_ms"):
         summary[key] = {v: census[v].get(key) for v in ("stock", "vtc")}
