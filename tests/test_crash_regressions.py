@@ -84,3 +84,53 @@ def test_memory_constraint_of_the_plan_refuses_an_edge_that_would_plan_more(monk
             assert "permute_dims" in out.script()  # the consumer reads the materialised tensor
             chosen = vtc_tvm.plan(mod, LLVM, strategy=take, memory_guard=True)
             assert chosen.summary["predicted"]["memory"] <= 0
+
+
+def test_index_tensors_in_conditions_are_read_in_bounds(rng):
+    """A pad over a concat of gathers: the consumer's piece condition reads the gather index
+    where the pad's own condition is false (``v < 8 and 96 <= idx[v + 16]``: TIR's ``and`` does
+    not short-circuit), so every index-tensor load must be provably in bounds by itself. Unclamped,
+    the vtc build read ``idx[24]`` of a 24-element buffer and segfaulted (model-fuzz case
+    effvit_attn-102) about half of the time."""
+    import tvm_ffi
+    from tests.conftest import emit, make_module, param
+    from vtc_tvm.mapping import TensorLoad
+
+    R = relax.op
+    params = [((2, 16, 8), "float32"), ((2, 16, 8), "float32"), param((16,), "int64", 0, 16)]
+
+    def body(a, b, idx):
+        cat = emit(R.concat([a, b], axis=2))  # (2, 16, 16): which source depends on idx below
+        gathered = emit(R.take(cat, idx, axis=2))
+        padded = emit(R.nn.pad(gathered, [0, 0, 0, 0, 0, 1], pad_value=1.0))  # (2, 16, 17)
+        return emit(R.matmul(padded, emit(R.permute_dims(padded, [0, 2, 1]))))
+
+    mod = make_module(params, body)
+    out = vtc_tvm.VirtualTensorize(strategy="all", target=LLVM)(mod)
+    stock = tvm.compile(mod, LLVM, relax_pipeline=relax.get_default_pipeline(LLVM))
+    vtc = tvm.compile(out, LLVM, relax_pipeline=relax.get_default_pipeline(LLVM))
+    args = [rng.standard_normal((2, 16, 8)).astype("float32") for _ in range(2)]
+    args.append(rng.permutation(16).astype("int64"))
+    np.testing.assert_allclose(_run(vtc, *args), _run(stock, *args), rtol=1e-5, atol=1e-5)
+    IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
+    index_params, checked = set(), 0
+    for _, f in out.functions_items():
+        if not isinstance(f, tvm.tirx.PrimFunc) or "vtc.virtual_inputs" not in (f.attrs or {}):
+            continue
+        index_params = {p for p in f.params if "int" in str(p.dtype)}
+        ana = tvm.sym.Analyzer()
+        blocks, conds, loads = [], [], []
+        tvm_ffi.structural_walk(f.body, (tvm.s_tir.SBlock, blocks.append), order="post")
+        tvm_ffi.structural_walk(f.body, (tvm.ir.expr.Call, lambda c: conds.append(c.args[0])
+                                         if c.op.same_as(IF_THEN_ELSE) else None), order="post")
+        for cond in conds:  # the branches of an if_then_else are guarded; its condition is not
+            tvm_ffi.structural_walk(cond, (TensorLoad, loads.append), order="post")
+        for blk in blocks:
+            for iv in blk.iter_vars:
+                ana.bind(iv.var, iv.dom)
+        loads = [ld for ld in loads if ld.source in index_params]
+        for ld in loads:
+            for i, d in zip(ld.indices, ld.source.shape):
+                checked += 1
+                assert ana.can_prove(i >= 0) and ana.can_prove(i < d), f"{ld} may leave {ld.source.shape}"
+    assert checked, "no rewritten consumer reads an index tensor: the case tests nothing"

@@ -16,16 +16,12 @@ import pytest
 
 from .model_fuzz import ModelCase, check_model_case
 
-# A read out of bounds in the vtc build of this case (LLVM) segfaults in about half of the runs
-# (found when this file first ran on the whole merged tree): a gather of a gather read through a
-# concat, strategy "all". Not fixed yet; run in a child process so it fails alone.
-_OOB = pytest.mark.xfail(strict=False, reason="known out-of-bounds read in the vtc build (segfaults "
-                                              "in about half of the runs); under investigation")
 CASES = [
     ModelCase("shufflenet_unit", 101, weights="inputs", batch_symbolic=True, entry="vt_stores",
               sizes=({"N": 2}, {"N": 1}, {"N": 3})),
-    pytest.param(ModelCase("effvit_attn", 102, weights="bind", legalize_first=True, entry="vtc_pipeline",
-                           strategy="all"), marks=_OOB),
+    # Read idx[24] of a 24-element gather index in a pad's condition and segfaulted about half of
+    # the time, before index-tensor loads were clamped (tests/test_crash_regressions.py).
+    ModelCase("effvit_attn", 102, weights="bind", legalize_first=True, entry="vtc_pipeline", strategy="all"),
     ModelCase("yolo_c3k2", 103, weights="initializers", entry="vt_default", rate=0.6),
 ]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -197,7 +197,13 @@ class Mapping:
         MetaSchedule, cache_read) in bounds.
         """
         vmap = dict(zip(self.vars, [_i64(i) for i in indices]))
-        subst = lambda e: _rebind_loads(_substitute(e, vmap), self.sources, load_source)
+        # Index tensors read inside conditions and indices (a gather's ``idx[v]``) are clamped
+        # into their bounds: a condition such as ``v < 8 and 96 <= idx[v + 16]`` is evaluated
+        # whole (TIR's `and` does not short-circuit), so ``idx`` would be read out of bounds
+        # where an earlier conjunct is false (a model-fuzz segfault: pad over a gather).
+        nested = lambda j, idx: load_source(j, [tirx.max(tirx.min(_i64(i), _i64(d) - 1), _i64(0))
+                                                for i, d in zip(idx, self.source_shape(j))])
+        subst = lambda e: _rebind_loads(_substitute(e, vmap), self.sources, nested)
         result = None
         for p in reversed(self.pieces):
             if p.source is None:
