@@ -134,7 +134,9 @@ def test_virtual_tensorize_removes_data_movement_from_imported_module(name):
     assert census["onnx"] == census["builder"]  # no gap between the ONNX path and the builder
     assert decisions["onnx"] == decisions["builder"]
     if name in NO_REDUCTION:
-        assert vtc == stock
+        # The load side takes none of these edges (below); the store side may still remove a copy
+        # (shufflenet_v2: a channel shuffle after a concat stored through its inverse, 5 -> 4).
+        assert vtc <= stock
         assert decisions["onnx"] and all(c == "conv2d" and "unit-stride run" in r for c, r in decisions["onnx"])
     else:
         assert vtc < stock
