@@ -209,12 +209,12 @@ class _StoreRewriter(PyExprMutator):
         self.report = report
 
     def transform(self):
+        # The load side's plan may have made a concat's inputs views of its sources instead:
+        # VirtualTensorize records that in the module attribute (name -> allowed).
+        self.allowed = dict((self.mod.attrs or {}).get(STORE_SIDE_ATTR, {}) or {})
         for gv, func in self.mod.functions_items():
             if isinstance(func, relax.Function) and not (func.attrs and func.attrs.get("Primitive")):
                 uses = _uses(func)
-                # The load side's plan may have made a concat's inputs views of its sources
-                # instead: VirtualTensorize records that in "vtc.store_side" (name -> allowed).
-                self.allowed = dict((self.mod.attrs or {}).get(STORE_SIDE_ATTR, {}) or {})
                 self.plan = self._plan(func, uses)
                 self.current, self.redirected = {}, set()
                 self.updates, self.pending = self._plan_updates(func, uses), {}

@@ -25,6 +25,7 @@ from tvm.relax.expr_functor import mutator
 
 from .candidates import Walker, cached_rewrite
 from .rewrite import NotRewritable
+from .stores import STORE_SIDE_ATTR
 from .strategy import Decision
 
 logger = logging.getLogger("vtc_tvm")
@@ -164,7 +165,7 @@ def VirtualTensorize(
             _Emitter(mod, chosen, None if ops is None else set(ops), tgt, inplace).transform())
         stores = chosen.store_side()
         if stores:
-            out = out.with_attr("vtc.store_side", stores)
+            out = out.with_attr(STORE_SIDE_ATTR, stores)
         for row in chosen.rows:
             logger.info("%s -> %s: %s (%s)", row["tensor"], row["consumer"],
                         "virtual" if row["virtual"] else "physical", row["reason"])
