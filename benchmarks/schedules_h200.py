@@ -5,7 +5,12 @@ Builds each decode layer four ways and, per batch, checks numerics against float
 * ``stock_dlight``  stock TVM's default pipeline (DLight rules)
 * ``stock_ours``    the ``stock_vtc_schedules`` pipeline: stock + our rules before DLight's
 * ``vtc_ours``      vtc-tvm with ``schedules="vtc"``
-* ``vtc_dlight``    vtc-tvm with DLight's rules (today's default)
+* ``vtc_dlight``    vtc-tvm with DLight's rules
+* ``vtc_ms``        vtc-tvm through the ``"vtc_tuning"`` pipeline: MetaSchedule tunes every kernel
+  (``--ms-trials`` a task, ``--ms-budget-s`` in all; DLight's schedule of each task is measured
+  too and the best record wins), the rest falls to DLight (opt-in: ``--variants ... vtc_ms``)
+
+Workloads with updatable caches (``*_static``) get the workload's ``inplace=`` in the vtc builds.
 
 Run on the device (real sizes, fp16)::
 
@@ -43,17 +48,24 @@ from benchmarks.run import _flat, fp64_reference, gpu_kernel_us, rel_l2  # noqa:
 from benchmarks.workloads import WORKLOADS  # noqa: E402
 
 VARIANTS = ("stock_dlight", "stock_ours", "vtc_ours", "vtc_dlight")
+OPT_IN = ("vtc_ms",)
 TOLERANCE = {"float16": 1e-2, "float32": 1e-4}
 # Reading the weights and the KV cache once at the H200's HBM bandwidth.
 HBM_BYTES_PER_S = 4.3e12
 
 
-def pipeline(variant: str, target):
+def pipeline(variant: str, target, inplace=(), args=None, stats=None):
+    if variant == "vtc_ms":
+        from vtc_tvm import tuning
+
+        return tuning.tuning_pipeline(target, work_dir=args.ms_dir, max_trials_per_task=args.ms_trials,
+                                      max_seconds=args.ms_budget_s, progress=False, stats=stats,
+                                      inplace=tuple(inplace))
     if variant == "stock_dlight":
         return relax.get_default_pipeline(target)
     if variant == "stock_ours":
         return stock_vtc_schedules_pipeline(target)
-    return vtc_pipeline(target, schedules="vtc" if variant == "vtc_ours" else "dlight")
+    return vtc_pipeline(target, schedules="vtc" if variant == "vtc_ours" else "dlight", inplace=tuple(inplace))
 
 
 def _torch():
@@ -101,7 +113,10 @@ def run_case(name, batch, args, target, dev, torch, deadline):
             continue
         try:
             t0 = time.time()
-            ex = tvm.compile(mod, target=target, relax_pipeline=pipeline(variant, target))
+            ex = tvm.compile(mod, target=target, relax_pipeline=pipeline(variant, target, getattr(wl, "inplace", ()), args,
+                                                                        res.setdefault("metaschedule", {})))
+            if not res["metaschedule"]:
+                del res["metaschedule"]
             res["compile_s"] = round(time.time() - t0, 2)
             vm = relax.VirtualMachine(ex, dev)
             out = _flat(vm["main"](*dev_args))
@@ -185,7 +200,13 @@ def sweep_candidates(batch, size, target, rules=None):
             with target:
                 return dl.ApplyDefaultSchedule(*S.stock_rules(target))(tvm.IRModule({"main": func}))["main"]
 
-        makes = {"dlight": dlight}
+        def widened_dlight(func=func):
+            # float32 accumulation (as our rules), then DLight's own schedule of the result
+            with target:
+                return dl.ApplyDefaultSchedule(*S.stock_rules(target))(
+                    tvm.IRModule({"main": G.prepare(func)[0].mod["main"]}))["main"]
+
+        makes = {"dlight": dlight, "widened_dlight": widened_dlight}
         for label, tiling in tilings.items():
             makes[label] = lambda func=func, tiling=tiling: G.schedule(*G.prepare(func), tiling).mod["main"]
         found[kname] = (info, makes)
@@ -202,6 +223,8 @@ def sweep(batch, args, target, dev, deadline):
             break
         row = out.setdefault(kname, dict(info))
         for label, make in makes.items():
+            if args.sweep_labels and label not in args.sweep_labels:
+                continue
             try:
                 with target:
                     us, nbytes = _time_kernel(make(), target, dev, args.number * 2, args.repeat)
@@ -211,17 +234,19 @@ def sweep(batch, args, target, dev, deadline):
         timed = [(v["us"], k) for k, v in row.items() if isinstance(v, dict) and "us" in v]
         if timed:
             row["best"] = min(timed)[1]
-        print(f"  sweep b{batch} {kname} {info['planned']}: dlight {row['dlight']}, planned {row['planned']}, "
-              f"best {row.get('best')} {min(timed) if timed else ''}", flush=True)
+        print(f"  sweep b{batch} {kname} {info['planned']}: "
+              + ", ".join(f"{k} {v.get('us', v.get('error'))}" for k, v in row.items() if isinstance(v, dict))
+              + f"; best {row.get('best')}", flush=True)
     return out
 
 
 def table(rows) -> str:
-    head = f"{'workload':<15}{'b':>3} {'floor ms':>9}" + "".join(f"{v:>22}" for v in VARIANTS)
+    shown = [v for v in VARIANTS + OPT_IN if any(v in r["variants"] for r in rows)]
+    head = f"{'workload':<15}{'b':>3} {'floor ms':>9}" + "".join(f"{v:>22}" for v in shown)
     lines = [head, "  (each variant: median ms / rel. err vs float64)"]
     for r in rows:
         cells = []
-        for v in VARIANTS:
+        for v in shown:
             res = r["variants"].get(v, {})
             if "ms" in res:
                 cells.append(f"{res['ms']:>9.3f} / {res['rel_err_fp64']:.1e}")
@@ -237,35 +262,47 @@ def main(argv=None):
     ap.add_argument("--target", choices=["cuda", "llvm"], default="cuda")
     ap.add_argument("--size", choices=["real", "small"], default="real")
     ap.add_argument("--workloads", nargs="+", default=["llama_decode", "gemma2_decode"])
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + OPT_IN)
+    ap.add_argument("--ms-trials", type=int, default=16, help="vtc_ms: MetaSchedule trials a task")
+    ap.add_argument("--ms-budget-s", type=float, default=300.0, help="vtc_ms: tuning seconds in all")
+    ap.add_argument("--ms-dir", default=None, help="vtc_ms: the database folder (default: OUT/ms_db)")
     ap.add_argument("--number", type=int, default=20)
     ap.add_argument("--repeat", type=int, default=10)
     ap.add_argument("--budget-s", type=float, default=450.0)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--no-sweep", action="store_true", help="skip the per-kernel tiling sweep (cuda only)")
+    ap.add_argument("--sweep-batch", type=int, nargs="+", help="batches to sweep (default: --batch)")
+    ap.add_argument("--sweep-labels", nargs="+",
+                    help="candidates to time, e.g. dlight widened_dlight planned (default: all)")
     args = ap.parse_args(argv)
+    args.ms_dir = args.ms_dir or os.path.join(args.out, "ms_db")
 
     target = cuda_target() if args.target == "cuda" else tvm.target.Target("llvm")
     dev = tvm.cuda(0) if args.target == "cuda" else tvm.cpu()
     torch = _torch() if args.target == "cuda" else None
     deadline = time.time() + args.budget_s
-    rows = []
-    for name in args.workloads:
-        for batch in args.batch:
-            rows.append(run_case(name, batch, args, target, dev, torch, deadline))
-    sweeps = {}
-    if args.target == "cuda" and not args.no_sweep:
-        for batch in args.batch:
-            sweeps[str(batch)] = sweep(batch, args, target, dev, deadline)
     result = {"target": str(target.kind.name), "arch": str(target.attrs.get("arch", "")),
               "device": torch.cuda.get_device_name(0) if torch is not None else str(dev),
               "tvm": tvm.__version__, "timing": f"time_evaluator number={args.number} repeat={args.repeat}, median",
               "command": " ".join(["python", "benchmarks/schedules_h200.py"] + (argv if argv is not None else sys.argv[1:])),
-              "rows": rows, "kernel_sweep": sweeps}
+              "rows": [], "kernel_sweep": {}}
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "schedules_h200.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=1)
+
+    def save():  # after every step: a run stopped at the device's time limit keeps what it did
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)
+
+    if args.target == "cuda" and not args.no_sweep:
+        for batch in args.sweep_batch or args.batch:
+            result["kernel_sweep"][str(batch)] = sweep(batch, args, target, dev, deadline)
+            save()
+    rows = result["rows"]
+    for name in args.workloads:
+        for batch in args.batch:
+            rows.append(run_case(name, batch, args, target, dev, torch, deadline))
+            save()
+    save()
     print(f"wrote {path}")
     print(table(rows))
     return result

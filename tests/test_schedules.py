@@ -6,6 +6,7 @@ loops made serial (same loop nest, splits, rfactor and compute-at regions; NOT c
 lowering of the cross-thread sums and barriers, which the H200 script checks end to end).
 """
 
+import re
 import shutil
 
 import numpy as np
@@ -51,6 +52,26 @@ def mapped_projection(M=4, heads=4, D=32, N=64, dtype="float16"):
     k = te.reduce_axis((0, heads * D), "k")
     C = te.compute((M, 1, N), lambda i, s, j: te.sum(A[i, k // D, 0, k % D] * W[k, j], axis=k), name="matmul")
     return _func([A, W, C])
+
+
+def projection_into_cache(M=4, K=256, heads=2, D=64, T_=5, pos=4):
+    """The store side's form: the K/V projection writes its row straight into a cache,
+    ``C[m, n // D, pos, n % D] = sum_k A[m, 0, k] * W[k, n]`` (the rest of ``C`` untouched)."""
+    from tvm.script import tirx as T
+
+    N = heads * D
+
+    @T.prim_func(private=True, s_tir=True)
+    def into(A: T.Buffer((M, 1, K), "float16"), W: T.Buffer((K, N), "float16"),
+             C: T.Buffer((M, heads, T_, D), "float16")):
+        for i0, i1, i2, k in T.grid(M, 1, N, K):
+            with T.sblock("matmul"):
+                m, s, n, r = T.axis.remap("SSSR", [i0, i1, i2, k])
+                with T.init():
+                    C[m, n // D, pos, n % D] = T.float16(0)
+                C[m, n // D, pos, n % D] = C[m, n // D, pos, n % D] + A[m, s, r] * W[r, n]
+
+    return into
 
 
 def gqa_scores(B=2, H=8, KV=2, T=33, D=64, dtype="float16"):
@@ -175,6 +196,7 @@ def _inputs(func, rng):
     ("gemm1", lambda: projection(M=1, K=512, N=256, epilogue=True)),  # lanes along the columns
     ("gemm", lambda: projection(M=3, K=96, N=40, w_nk=True)),
     ("gemm", lambda: mapped_projection()),
+    ("gemm", lambda: projection_into_cache()),  # the whole cache compared: other rows untouched
     ("attn", lambda: gqa_scores()),
     ("attn", lambda: gqa_values()),
 ])
@@ -206,6 +228,19 @@ def test_split_tilings_preserve_semantics(make, tiling):
     want = _run_llvm(batched_gemv.prepare(func)[0].mod["main"], [a.copy() for a in arrays]).astype(np.float64)
     got = _run_llvm(_serial(scheduled), [a.copy() for a in arrays]).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=2 ** -10, atol=2 ** -10 * np.abs(want).max())
+
+
+def test_decode_attention_scores_take_dlights_tiling_with_float32_sums():
+    """q K^T: DLight's schedule of the widened kernel (faster on the H200), still summing in
+    float32; ``scores="ours"`` keeps the batched GEMV. Both compute the same (semantics above)."""
+    dlight = _schedule(SMALL["attn"], gqa_scores())
+    ours = _schedule(S.DecodeAttention(min_context=8, scores="ours"), gqa_scores())
+    assert dlight is not None and ours is not None
+    assert not tvm_ffi.structural_equal(dlight, ours)
+    for func in (dlight, ours):
+        assert '"float32"' in func.script()  # the accumulator
+    with pytest.raises(ValueError):
+        S.DecodeAttention(scores="tensor cores")
 
 
 def test_unaligned_weight_reads_are_not_vectorised():
@@ -243,6 +278,18 @@ def test_float32_accumulation_is_more_accurate():
 
 
 # -- CUDA ---------------------------------------------------------------------------------------
+def test_store_through_mapping_keeps_register_accumulators():
+    """A projection stored into a cache row (``C[m, n // D, pos, n % D]``) accumulates in the
+    iteration space's layout: its float32 partials are registers indexed by constants, not by
+    ``blockIdx`` arithmetic (which spilled them to local memory: 190 against 22 us on the H200)."""
+    func = _schedule(SMALL["gemm"], projection_into_cache(M=16, K=4096, heads=8, D=128, T_=9, pos=8))
+    with TARGET:
+        src = tvm.tirx.build(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target=TARGET)
+    src = src.imports[0].inspect_source()
+    local = re.findall(r"_local_ptr\[([^\]]*)\]", src)
+    assert local and not [i for i in local if "blockIdx" in i]
+
+
 def test_cuda_source_compiles_with_nvcc():
     funcs = {"gemm": _schedule(SMALL["gemm"], projection(epilogue=True)),
              "scores": _schedule(SMALL["attn"], gqa_scores()), "values": _schedule(SMALL["attn"], gqa_values())}
@@ -272,6 +319,27 @@ def test_pipelines_registered_and_checked():
     assert relax.get_pipeline("vtc", target=TARGET, schedules="vtc").info.name == "vtc_pipeline"
     with pytest.raises(ValueError, match="schedules"):
         vtc_pipeline(TARGET, schedules="fast")
+    for bad in ([], [S.LowBatchGEMM, "Fallback"]):
+        with pytest.raises(ValueError, match="DLight rules"):
+            vtc_pipeline(TARGET, schedules=bad)
+
+
+def test_pipeline_takes_a_users_rule_list():
+    """``schedules=[rules]``: exactly those rules schedule the kernels (here DLight's Fallback
+    alone, so the projection that LowBatchGEMM takes under "vtc" gets no batched GEMV)."""
+    from tvm.s_tir import dlight as dl
+
+    x = relax.Var("x", relax.TensorType((16, 1, 4096), "float16"))
+    w = relax.Var("w", relax.TensorType((4096, 1024), "float16"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.matmul(x, w))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    own = _cuda_source(tvm.compile(mod, target=TARGET, relax_pipeline=vtc_pipeline(TARGET, schedules=[dl.gpu.Fallback()])))
+    ours = _cuda_source(tvm.compile(mod, target=TARGET, relax_pipeline=vtc_pipeline(TARGET, schedules="vtc")))
+    assert "__shfl_down_sync" in ours and "__shfl_down_sync" not in own
 
 
 def _cuda_source(ex) -> str:

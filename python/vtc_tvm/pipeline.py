@@ -25,20 +25,32 @@ def _backend(target: tvm.target.Target):
 SCHEDULES = ("dlight", "vtc")
 
 
-def _with_schedules(passes: list, target, schedules: str) -> list:
+def _with_schedules(passes: list, target, schedules) -> list:
     """``passes`` with the backend's ``ApplyDefaultSchedule`` replaced by
-    :func:`vtc_tvm.schedules.ApplySchedules` when ``schedules == "vtc"``."""
-    if schedules not in SCHEDULES:
-        raise ValueError(f"schedules must be one of {SCHEDULES}, not {schedules!r}")
-    if schedules == "dlight":
-        return passes
-    from .schedules import ApplySchedules
+    :func:`vtc_tvm.schedules.ApplySchedules` when ``schedules == "vtc"``, or by
+    ``dlight.ApplyDefaultSchedule(*schedules)`` when ``schedules`` is a sequence of DLight rules
+    (a user's own list, most specialised first; ``"dlight"`` keeps the backend's)."""
+    if isinstance(schedules, str):
+        if schedules not in SCHEDULES:
+            raise ValueError(f"schedules must be one of {SCHEDULES} or a list of DLight rules, not {schedules!r}")
+        if schedules == "dlight":
+            return passes
+        from .schedules import ApplySchedules
 
-    return [ApplySchedules(target) if p.info.name == "ApplyDefaultSchedule" else p for p in passes]
+        apply = ApplySchedules(target)
+    else:
+        from tvm.s_tir import dlight as dl
+
+        rules = list(schedules)
+        if not rules or not all(isinstance(r, dl.ScheduleRule) for r in rules):
+            raise ValueError("schedules must be one of "
+                             f"{SCHEDULES} or a non-empty list of DLight rules, not {schedules!r}")
+        apply = dl.ApplyDefaultSchedule(*rules)
+    return [apply if p.info.name == "ApplyDefaultSchedule" else p for p in passes]
 
 
 def fusion_passes(target: tvm.target.Target, stores: bool = True, report=None,
-                  schedule_copies: bool = True, schedules: str = "dlight") -> list:
+                  schedule_copies: bool = True, schedules="dlight") -> list:
     """The backend's legalize/fuse/schedule passes, with the store side after ``FuseTIR`` and,
     on GPU targets, vectorised schedules for the copy kernels that remain before DLight
     (``schedules="vtc"``: our small-batch rules before DLight's, :mod:`vtc_tvm.schedules`)."""
@@ -56,7 +68,7 @@ def fusion_passes(target: tvm.target.Target, stores: bool = True, report=None,
 
 
 def vtc_pipeline(target=None, stores: bool = True, schedule_copies: bool = True,
-                 schedules: str = "vtc", **options) -> tvm.transform.Pass:
+                 schedules="vtc", **options) -> tvm.transform.Pass:
     """VirtualTensorize, then TVM's default pipeline for ``target`` (with the store side and,
     on GPU targets, vectorised copy kernels: :mod:`vtc_tvm.copy_schedule`).
 
@@ -66,7 +78,8 @@ def vtc_pipeline(target=None, stores: bool = True, schedule_copies: bool = True,
     :func:`vtc_tvm.schedules.default_rules` (ours, then DLight's): on the H200 every decode layer
     ran faster and within 1e-2 of float64 with them (``benchmarks/results/schedules_h200.md``;
     some single kernels are still faster under DLight, see there); ``"dlight"`` is DLight's
-    rules alone. Without a target the stock target-independent build pipeline follows (no fusion, as TVM's
+    rules alone; a list of DLight rules is used as given (e.g. a rule of your own before
+    ``vtc_tvm.schedules.default_rules(target)``). Without a target the stock target-independent build pipeline follows (no fusion, as TVM's
     own ``"default"``), and there is no store side.
     """
     from .transform import VirtualTensorize
@@ -82,7 +95,7 @@ def vtc_pipeline(target=None, stores: bool = True, schedule_copies: bool = True,
 
 
 def backend_passes(target: tvm.target.Target, stores: bool = True, report=None,
-                   schedule_copies: bool = True, schedules: str = "dlight") -> list:
+                   schedule_copies: bool = True, schedules="dlight") -> list:
     """The stock pipeline of ``target``'s backend, pass for pass, with the store side and the
     copy schedules of :func:`fusion_passes`: what follows the load side."""
     backend = _backend(target)
@@ -100,7 +113,7 @@ def _in_target(target, passes, name):
     return _pipeline
 
 
-def store_side_pipeline(target, report=None, schedules: str = "vtc") -> tvm.transform.Pass:
+def store_side_pipeline(target, report=None, schedules="vtc") -> tvm.transform.Pass:
     """The stock pipeline of ``target`` with the store side only (for modules already through
     :func:`vtc_tvm.VirtualTensorize`), scheduled as :func:`vtc_pipeline` does."""
     target = tvm.target.Target(target)

@@ -44,6 +44,7 @@ from tvm.ir import Op, TensorLoad
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .analysis import _non_root_blocks, call_tir_kernel, index_copy_mapping
+from .copy_schedule import COPY_INTO_ATTR
 from .inverse import NotOneToOne, piece_box, store_maps
 from .mapping import Mapping, _substitute, row_major_strides
 from .rewrite import NotRewritable, best_schedulable, redirect_output
@@ -378,7 +379,7 @@ class _StoreRewriter(PyExprMutator):
                                 lambda *u, box=box: _substitute_all(box.src_index, box.vars, u)).to_prim_func(
                                     "vtc_copy_into")
             into = redirect_output(copy, shape, lambda u, box=box: _substitute_all(box.out_index, box.vars, u),
-                                   binding.var.name)
+                                   binding.var.name).with_attr(COPY_INTO_ATTR, True)
             gv = self.builder_.add_func(into, "vtc_copy_into")
             update = relax.call_tir_inplace(gv, [self.visit_expr(src), cur], [1], out_ty=binding.var.ty)
             cur = self.builder_.emit(update, name_hint=f"{binding.var.name}_part")

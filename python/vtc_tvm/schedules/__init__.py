@@ -8,9 +8,9 @@ pipeline; ``ApplySchedules(target)`` is ``dlight.ApplyDefaultSchedule`` over tha
 * :func:`widen_accumulator` (:mod:`.accumulate`): the float32-accumulation TIR rewrite both use
 * :mod:`.batched_gemv`: the shared matcher, schedule and tiling plan (target data: SM counts)
 
-Opt-in: ``vtc_pipeline(target, schedules="vtc")`` or the ``"stock_vtc_schedules"`` pipeline;
-the default stays DLight's until H200 timings (``benchmarks/schedules_h200.py``) show ours
-never lose.
+Default of the ``"vtc"`` pipeline on GPU targets (``schedules="vtc"``); stock TVM gets them
+through the ``"stock_vtc_schedules"`` pipeline (H200 evidence: ``benchmarks/schedules_h200.py``,
+``benchmarks/results/schedules_h200.md``).
 """
 
 from __future__ import annotations
