@@ -159,13 +159,17 @@ def fused_kernels(name, size, batch, target, dtype):
 
 
 def _time_kernel(func, target, dev, number, repeat):
+    """(median us, bytes of the arguments, the outputs of one call) of ``func`` alone on random
+    inputs of seed 0 (the same for every candidate of a kernel, so their outputs compare)."""
     ex = tvm.compile(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target=target)
     lib = ex.jit() if hasattr(ex, "jit") else ex
     rng = np.random.default_rng(0)
     args = [tvm.runtime.tensor(rng.uniform(-1, 1, [int(x) for x in p.shape]).astype(str(p.dtype)), dev)
             for p in func.params]
+    lib["k"](*args)
+    out = args[-1].numpy().astype(np.float64)  # the written buffer (an in-place destination too)
     te = lib.time_evaluator("k", dev, number=number, repeat=repeat)(*args)
-    return float(np.median(te.results)) * 1e6, sum(a.numpy().nbytes for a in args)
+    return float(np.median(te.results)) * 1e6, sum(a.numpy().nbytes for a in args), out
 
 
 def sweep_candidates(batch, size, target, rules=None):
@@ -222,13 +226,18 @@ def sweep(batch, args, target, dev, deadline):
             out["skipped"] = "time budget spent"
             break
         row = out.setdefault(kname, dict(info))
+        reference = None  # DLight's output (first label): every candidate is checked against it
         for label, make in makes.items():
-            if args.sweep_labels and label not in args.sweep_labels:
+            if args.sweep_labels and label not in args.sweep_labels and label != "dlight":
                 continue
             try:
                 with target:
-                    us, nbytes = _time_kernel(make(), target, dev, args.number * 2, args.repeat)
+                    us, nbytes, result = _time_kernel(make(), target, dev, args.number * 2, args.repeat)
                 row[label] = {"us": round(us, 2), "GBps": round(nbytes / us / 1e3, 1)}
+                if reference is None:
+                    reference = result
+                else:
+                    row[label]["rel_err_vs_dlight"] = float(rel_l2(result, reference))
             except Exception as err:  # noqa: BLE001 - recorded
                 row[label] = {"error": f"{type(err).__name__}: {str(err)[-200:]}"}
         timed = [(v["us"], k) for k, v in row.items() if isinstance(v, dict) and "us" in v]

@@ -205,13 +205,9 @@ class BatchedGEMVRule(GPUScheduleRule):
             if prepared is None or not self.accepts(prepared[1]):
                 return None
             sch, form, epilogue = prepared
-            return self.schedule(sch, form, epilogue, target, _tunable)
+            return schedule(sch, form, epilogue, plan(form, target))
         except s_tir.ScheduleError:
             return None
-
-    def schedule(self, sch, form: GemvForm, epilogue, target, tunable):
-        """The prepared (widened, inlined) kernel scheduled: the planned batched GEMV."""
-        return schedule(sch, form, epilogue, plan(form, target))
 
 
 def _spatial_loops(sch, block):

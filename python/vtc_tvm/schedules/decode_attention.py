@@ -8,11 +8,6 @@ schedules both as batched GEMVs (:mod:`vtc_tvm.schedules.batched_gemv`) that acc
 float32: ``q K^T`` spreads the context over the grid (one block per few keys), ``probs V``
 splits the context over the 32 lanes of a warp and sums them with shuffles.
 
-``q K^T`` (the reduction along the cache's contiguous head dim) is scheduled by DLight's own rules
-after the widening: on the H200 DLight's tiling of it beats our batched GEMV (147.8 / 182.3
-widened against 240.6 us at batch 16, ``benchmarks/results/schedules_h200.md``), so this rule only
-contributes the float32 accumulator there (``scores="ours"`` keeps the batched GEMV).
-
 Limits: 1. the cache operand has batch axes (``(b, kv head)``), at most ``max_rows`` query
 rows, fp16/bf16; 2. the context is not split across blocks (a flash-decoding merge kernel):
 ``probs V`` at batch 1 runs ``batch x kv heads x head_dim / (tn x vec)`` blocks; 3. static
@@ -27,23 +22,9 @@ from . import batched_gemv
 class DecodeAttention(batched_gemv.BatchedGEMVRule):
     """Batched-GEMV, float32-accumulating schedule of decode attention's two GEMMs."""
 
-    def __init__(self, max_rows: int = 16, min_context: int = 256, scores: str = "dlight"):
-        if scores not in ("dlight", "ours"):
-            raise ValueError(f"scores must be 'dlight' or 'ours', not {scores!r}")
-        self.max_rows, self.min_context, self.scores = max_rows, min_context, scores
+    def __init__(self, max_rows: int = 16, min_context: int = 256):
+        self.max_rows, self.min_context = max_rows, min_context
 
     def accepts(self, form: batched_gemv.GemvForm) -> bool:
         # the context is the column axis of q K^T and the reduction axis of probs V
         return form.B > 1 and form.M <= self.max_rows and max(form.N, form.K) >= self.min_context
-
-    def schedule(self, sch, form, epilogue, target, tunable):
-        if form.inner == "red" and self.scores == "dlight":
-            from . import stock_rules
-
-            widened = sch.mod["main"]
-            for rule in stock_rules(target):
-                scheduled = rule.apply(widened, target, tunable)
-                if scheduled is not None:
-                    return scheduled
-            return None
-        return super().schedule(sch, form, epilogue, target, tunable)
