@@ -23,8 +23,8 @@ from vtc_tvm.pipeline import _backend, cuda_target, stock_vtc_schedules_pipeline
 from vtc_tvm.schedules import batched_gemv
 
 TARGET = cuda_target()
-SMALL = dict(gemm=S.LowBatchGEMM(min_weight=1), attn=S.DecodeAttention(min_context=8),
-             gemm1=S.LowBatchGEMM(min_weight=1))
+SMALL = dict(gemm=S.LowBatchGEMM(min_weight=1, min_reduction=1), attn=S.DecodeAttention(min_context=8),
+             gemm1=S.LowBatchGEMM(min_weight=1, min_reduction=1))
 
 
 # -- kernels -----------------------------------------------------------------------------------
@@ -123,6 +123,20 @@ def test_low_batch_gemm_declines(make):
 def test_low_batch_gemm_default_threshold_declines_small_weights():
     assert _schedule(S.LowBatchGEMM(), projection(K=512, N=256)) is None
     assert _schedule(S.LowBatchGEMM(), projection(K=1024, N=1024)) is not None
+
+
+def test_low_batch_gemm_declines_short_reductions():
+    """A 1x1 convolution at batch 1 (64 output channels over 48 inputs, 25600 pixels: YOLO's
+    C3K2 on the H200, 0.470 against DLight's 0.068 ms) is no few-row GEMM against a weight."""
+    assert _schedule(S.LowBatchGEMM(min_weight=1), projection(M=64, K=48, N=4096)) is None
+    assert _schedule(S.LowBatchGEMM(min_weight=1), projection(M=64, K=256, N=4096)) is not None
+
+
+def test_decode_attention_needs_a_long_context_on_the_right_axis():
+    """The context is q K^T's column axis: a 17-column product over a 1024-long reduction
+    (EfficientViT's k^T v at batch 16, 0.471 against DLight's 0.372 ms) is not decode attention."""
+    assert _schedule(S.DecodeAttention(), gqa_scores(B=2, H=4, KV=4, T=17, D=1024)) is None
+    assert _schedule(S.DecodeAttention(), gqa_scores(B=2, H=4, KV=4, T=300, D=64)) is not None
 
 
 @pytest.mark.parametrize("make", [gqa_scores, gqa_values, lambda: gqa_scores(KV=8)])
