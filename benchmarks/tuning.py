@@ -123,8 +123,9 @@ def tune_and_apply(fused: tvm.IRModule, target, work_dir: str, settings: TuneSet
 # Pipelines
 # ----------------------------------------------------------------------------------------------
 def split_pipeline(target, variant: str = "stock"):
-    """(front, rest) of the stock or vtc pipeline (:func:`vtc_tvm.tuning.split_pipeline`)."""
-    return _split_pipeline(target, vtc=variant == "vtc")
+    """(front, rest) of the stock or vtc pipeline (:func:`vtc_tvm.tuning.split_pipeline`), DLight
+    behind MetaSchedule on both sides: the harness compares the same tuner and fallback."""
+    return _split_pipeline(target, vtc=variant == "vtc", schedules="dlight")
 
 
 def fuse(mod, target, variant: str = "stock") -> tvm.IRModule:

@@ -57,6 +57,24 @@ def test_pipeline_registered():
     assert isinstance(p, tvm.transform.Pass)
 
 
+def test_untuned_kernels_keep_the_untuned_builds_rules():
+    """On GPUs the kernels MetaSchedule has no record for get what the "vtc" pipeline gives them
+    (our small-batch rules, then DLight's); the stock side and ``schedules="dlight"`` keep DLight's."""
+    import vtc_tvm.schedules as S
+    from vtc_tvm.pipeline import cuda_target
+
+    cuda = cuda_target()
+
+    def rules(**kw):
+        rest = tuning.split_pipeline(cuda, **kw)[1]
+        (apply,) = [p for p in rest if p.info.name == "ApplyDefaultSchedule"]
+        return [type(r) for r in apply.rules]
+
+    assert rules()[:2] == [type(r) for r in S.our_rules(cuda)]
+    assert rules()[2:] == [type(r) for r in S.stock_rules(cuda)]
+    assert rules(vtc=False) == rules(schedules="dlight") == [type(r) for r in S.stock_rules(cuda)]
+
+
 @pytest.mark.slow
 def test_tune_save_and_reapply_without_tuning(tmp_path, builder, capsys):
     """tune() with the LocalRunner: correct result, database files on disk, a progress bar; the
