@@ -84,6 +84,12 @@ PATTERNS = _Bounded(4096)    # PrimFunc hash -> op pattern
 _BY_ID = _Bounded(16384)     # ids of objects -> (objects, derived value): hashes, compositions, legalizations
 
 
+def clear_caches():
+    """Forget everything derived so far (a cold compile, as in a fresh process)."""
+    for cache in (REWRITES, CONTIGUITY, MOVEMENTS, INDEX_COPIES, PATTERNS, _BY_ID):
+        cache.clear()
+
+
 def _identity(obj) -> int:
     # A TVM object gets a new Python wrapper at every access: its node's address is its identity.
     chandle = getattr(obj, "__chandle__", None)
