@@ -279,7 +279,8 @@ def _offset_sources(mapping, rng):
         shp = mapping.source_shape(j)
         n = math.prod(shp)
         if j in data:
-            arrays.append(np.arange(base, base + n, dtype=np.int64).reshape(shp))
+            arrays.append(np.arange(base, base + n, dtype=np.int64).reshape(shp) if n <= _SAMPLE * 16
+                          else _OffsetArray(base, shp))
             base += n + 1  # a gap: runs never continue from one source into the next
         else:
             arrays.append(None)
@@ -289,6 +290,22 @@ def _offset_sources(mapping, rng):
         if a is None:
             arrays[j] = rng.integers(0, max(bound, 1), mapping.source_shape(j)).astype(np.int64)
     return arrays
+
+
+class _OffsetArray:
+    """``np.arange(base, base + prod(shape)).reshape(shape)`` as far as :func:`_eval_np` reads it
+    (indexed by integer arrays), without holding it: a real model's sources (a 4096-token KV
+    cache) have millions of elements, of which a mapping's sample reads a few thousand."""
+
+    def __init__(self, base: int, shape):
+        self.base, self.shape, self.ndim = base, tuple(shape), len(shape)
+        self._strides = [math.prod(self.shape[a + 1:]) for a in range(self.ndim)]
+
+    def __getitem__(self, index):
+        out = np.int64(self.base)
+        for i, stride in zip(index, self._strides):
+            out = out + np.asarray(i, dtype=np.int64) * stride
+        return out
 
 
 def _offsets(mapping, index_arrays, arrays):
