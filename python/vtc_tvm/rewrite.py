@@ -99,8 +99,8 @@ def rewritten_forms(func: tirx.PrimFunc, param_index: int, mapping: Mapping, nam
     first, and both kept out of FuseOps); on GPU targets, for piecewise and indirect mappings,
     inlined into a read stage (:func:`stage_input`)."""
     gpu = target is not None and "gpu" in target.keys
-    plain, split = (inline_mapping(func, param_index, mapping, name=name, normalize=normalize)[0]
-                    for normalize in (False, True))
+    plain = inline_mapping(func, param_index, mapping, name=name, normalize=False)[0]
+    split = normalize_loops(plain)  # what inline_mapping(normalize=True) returns: inlined once
     # The op pattern FuseOps sees: for a GEMM/reduction the original's (re-derived, a GEMM whose
     # loads are mapped can read as a plain reduction, so that FuseOps fuses producers such as
     # RoPE into it, and clamped symbolic reads read as opaque). For an elementwise, broadcast or
