@@ -160,8 +160,17 @@ def markdown(data: dict) -> str:
           f"`{data['command']}` on {data['host']} ({data['cpus']} cores, shared with other jobs; load average "
           f"{data['load_before']} before, {data['load_after']} after). Medians of {data['repeat']} interleaved runs, "
           "each vtc compile cold (the pass's caches cleared). Wall time moves with the machine's load; "
-          "CPU time (the process's work) is the steadier ratio.", "",
-          "Whole compiles (`tvm.compile`: the Relax pipeline plus code generation; CUDA: to CUDA source, no "
+          "CPU time (the process's work) is the steadier ratio.", ""] + _tables(data)
+    before = data.get("before")
+    if before:
+        md += ["", f"## Before (commit {before['commit']}, the same command and script"
+               f"{', ' + before['note'] if before.get('note') else ''}; load average {before['load_before']} "
+               f"before, {before['load_after']} after)", ""] + _tables(before)
+    return "\n".join(md) + "\n"
+
+
+def _tables(data: dict) -> list:
+    md = ["Whole compiles (`tvm.compile`: the Relax pipeline plus code generation; CUDA: to CUDA source, no "
           "nvcc), batch 1, float32 on LLVM, float16 on CUDA:", "",
           "| target | model | stock wall s | vtc wall s | vtc / stock (wall) | stock CPU s | vtc CPU s | "
           "vtc / stock (CPU) | of which VirtualTensorize s |",
@@ -178,7 +187,7 @@ def markdown(data: dict) -> str:
                "Llama-style layers inlined into one `main`, cold:", "",
                "| layers | pass wall s | pass CPU s |", "|---|---|---|"]
         md += [f"| {r['layers']} | {r['pass_wall_s']:.2f} | {r['pass_cpu_s']:.2f} |" for r in data["pass_by_layers"]]
-    return "\n".join(md) + "\n"
+    return md
 
 
 def main(argv=None):
@@ -188,7 +197,19 @@ def main(argv=None):
     ap.add_argument("--models", default=",".join(MODELS), help="'' for none")
     ap.add_argument("--layers", default="1,4,16,32", help="'' for none")
     ap.add_argument("--out", default=str(RESULTS))
+    ap.add_argument("--before", help="a compile_time.json of an earlier commit, shown below (its 'commit' and "
+                                     "'note' keys say what it is)")
+    ap.add_argument("--render", action="store_true", help="only rewrite the .md from the .json in --out "
+                                                          "(with --before)")
     args = ap.parse_args(argv)
+    out = Path(args.out)
+    if args.render:
+        data = json.loads((out / "compile_time.json").read_text())
+        if args.before:
+            data["before"] = json.loads(Path(args.before).read_text())
+            (out / "compile_time.json").write_text(json.dumps(data, indent=1))
+        (out / "compile_time.md").write_text(markdown(data))
+        return
     load_before = [round(x, 2) for x in os.getloadavg()]
     import tvm.s_tir.tensor_intrin  # noqa: F401  (a one-time import DLight's first tensor-core match does)
 
@@ -208,7 +229,8 @@ def main(argv=None):
         sys.argv[1:] if argv is None else argv), "tvm": tvm.__version__, "host": platform.node(),
         "cpus": os.cpu_count(), "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
         "repeat": args.repeat, "compiles": compiles, "pass_by_layers": layers}
-    out = Path(args.out)
+    if args.before:
+        data["before"] = json.loads(Path(args.before).read_text())
     out.mkdir(parents=True, exist_ok=True)
     (out / "compile_time.json").write_text(json.dumps(data, indent=1))
     (out / "compile_time.md").write_text(markdown(data))
