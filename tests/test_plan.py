@@ -6,12 +6,13 @@ import json
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax
 import tvm.relax.op as R
 
 import vtc_tvm
 from vtc_tvm import candidates, solver
-from tests.conftest import emit, make_module, random_inputs, run
+from tests.conftest import emit, make_module, param, random_inputs, run
 from tests.test_core_pass import assert_outputs_equal
 
 LLVM = tvm.target.Target("llvm")
@@ -149,3 +150,82 @@ def test_identical_layers_share_their_rewrites():
     candidates.REWRITES.clear()
     vtc_tvm.plan(_layers(6), LLVM)
     assert one >= 1 and len(candidates.REWRITES) == one
+
+
+def _llama_layers(n):
+    from benchmarks.compile_time import llama_layers
+
+    return llama_layers(n)
+
+
+def _kernels(mod) -> list:
+    """What ``main`` runs, binding by binding: the op, or the structure of the called PrimFunc
+    (names differ between layers, structures do not)."""
+    out = []
+    for block in mod["main"].body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) and v.op.name == "relax.call_tir":
+                out.append(tvm_ffi.structural_hash(mod[v.args[0]]))
+            else:
+                out.append(v.op.name if isinstance(v, relax.Call) and isinstance(v.op, tvm.ir.Op) else type(v).__name__)
+    return out
+
+
+def test_identical_layers_are_decided_and_emitted_as_copies_of_one_layer():
+    """N identical decoder layers in one ``main`` (what the per-structure caches serve) get N
+    copies of one layer's edges, costs and decisions, and N copies of its kernels (node names
+    are numbered across the module: compared without the number)."""
+    target = vtc_tvm.pipeline.cuda_target()  # with DLight's rule check
+
+    def edges(p):
+        return [(e.kind, e.consumer_name.split("#")[0], e.legal, e.chosen, e.reason,
+                 None if e.cost is None else (round(e.cost.gain_us, 9), e.cost.kernels, e.cost.memory))
+                for e in p.graph.edges]
+
+    candidates.clear_caches()
+    one = vtc_tvm.plan(_llama_layers(1), target, memory_guard=True)
+    candidates.clear_caches()
+    three = vtc_tvm.plan(_llama_layers(3), target, memory_guard=True)
+    assert any(e[3] for e in edges(one)) and edges(three) == edges(one) * 3
+    assert three.summary["predicted"]["kernels"] == 3 * one.summary["predicted"]["kernels"]
+    emitted = [_kernels(vtc_tvm.VirtualTensorize(target=target, memory_guard=True)(_llama_layers(n)))
+               for n in (1, 3)]
+    assert emitted[1] == emitted[0] * 3
+
+
+def test_mappings_shared_between_layers_emit_what_per_binding_mappings_emit(monkeypatch):
+    """A built-in rule's mapping is derived once per structure and shared by identical layers;
+    where the module shows a mapping (the index maps of ``vtc.virtual_inputs``) each binding
+    has variables of its own, so the module is the one rules run for every binding give
+    (structurally: which index maps share variables included), cold or warm."""
+    target = vtc_tvm.pipeline.cuda_target()
+    mod = _llama_layers(2)
+    compile_ = lambda: vtc_tvm.VirtualTensorize(target=target, memory_guard=True)(mod)
+    candidates.clear_caches()
+    shared = compile_()
+    assert candidates.MOVEMENTS
+    warm = compile_()
+    with monkeypatch.context() as m:
+        m.setattr(candidates, "is_builtin_rule", lambda name: False)  # every binding its own mapping
+        candidates.clear_caches()
+        own = compile_()
+    for other in (warm, own):
+        assert tvm_ffi.structural_equal(shared, other) and shared.script() == other.script()
+
+
+def test_a_gather_of_a_gather_of_the_same_structure_composes_correctly(rng):
+    """Two ``take`` of one structure share one derived mapping (and its buffers): composed
+    with itself, the outer index tensor must stay the outer one (``compose`` tells sources apart
+    by buffer, so the inner one gets buffers of its own)."""
+    params = [param((8, 8), F32), param((8,), "int64", 0, 8), param((8,), "int64", 0, 8)]
+
+    def body(x, i, j):
+        return R.exp(emit(R.take(emit(R.take(x, i, axis=0)), j, axis=0)))
+
+    mod = make_module(params, body)
+    candidates.clear_caches()
+    out = vtc_tvm.VirtualTensorize(target=LLVM, strategy="all")(mod)
+    assert any(n.name_hint.startswith("exp_vtc") for n in out.get_global_vars())
+    inputs = random_inputs(params, rng)
+    assert_outputs_equal(run(out, inputs), run(mod, inputs))

@@ -244,6 +244,7 @@ def contiguity(mapping: Mapping, seed: int = 0) -> Contiguity:
     if size == 0 or not shape:  # empty or 0-d: nothing to stream
         return Contiguity(size, size, True, 1.0, mapping.is_indirect, mapping.is_piecewise)
     env_bufs = _offset_sources(mapping, rng)
+    offsets = _offset_expr(mapping)  # built once, evaluated at every sample below
     # Row-major run: a window of the innermost elements at a few random outer positions.
     window = min(size, _SAMPLE)
     starts = sorted({0} | {int(s) // window * window for s in rng.integers(0, size, 3)})
@@ -253,7 +254,7 @@ def contiguity(mapping: Mapping, seed: int = 0) -> Contiguity:
     inner, first = window, []
     for start in starts:
         flat = np.arange(start, min(start + window, size), dtype=np.int64)
-        offs = _offsets(mapping, np.unravel_index(flat, shape), env_bufs)
+        offs = _offsets(mapping, np.unravel_index(flat, shape), env_bufs, offsets)
         inner = min(inner, _aligned_run(offs, start, rows))
         first.append(offs[0])
     # Fully contiguous: every sampled window continues the first one in the same source.
@@ -263,7 +264,7 @@ def contiguity(mapping: Mapping, seed: int = 0) -> Contiguity:
     for axis, n in enumerate(shape):
         line = [np.full(min(n, _SAMPLE), rng.integers(0, d), dtype=np.int64) for d in shape]
         line[axis] = np.arange(min(n, _SAMPLE), dtype=np.int64)
-        best = max(best, _aligned_run(_offsets(mapping, line, env_bufs)))
+        best = max(best, _aligned_run(_offsets(mapping, line, env_bufs, offsets)))
     physical = sum(math.prod(mapping.source_shape(j)) for j in mapping.data_sources())
     reuse = size / physical if physical else 1.0
     return Contiguity(inner, max(best, min(inner, shape[-1])), full, reuse,
@@ -279,7 +280,8 @@ def _offset_sources(mapping, rng):
         shp = mapping.source_shape(j)
         n = math.prod(shp)
         if j in data:
-            arrays.append(np.arange(base, base + n, dtype=np.int64).reshape(shp))
+            arrays.append(np.arange(base, base + n, dtype=np.int64).reshape(shp) if n <= _SAMPLE * 16
+                          else _OffsetArray(base, shp))
             base += n + 1  # a gap: runs never continue from one source into the next
         else:
             arrays.append(None)
@@ -291,12 +293,32 @@ def _offset_sources(mapping, rng):
     return arrays
 
 
-def _offsets(mapping, index_arrays, arrays):
+class _OffsetArray:
+    """``np.arange(base, base + prod(shape)).reshape(shape)`` as far as :func:`_eval_np` reads it
+    (indexed by integer arrays), without holding it: a real model's sources (a 4096-token KV
+    cache) have millions of elements, of which a mapping's sample reads a few thousand."""
+
+    def __init__(self, base: int, shape):
+        self.base, self.shape, self.ndim = base, tuple(shape), len(shape)
+        self._strides = [math.prod(self.shape[a + 1:]) for a in range(self.ndim)]
+
+    def __getitem__(self, index):
+        out = np.int64(self.base)
+        for i, stride in zip(index, self._strides):
+            out = out + np.asarray(i, dtype=np.int64) * stride
+        return out
+
+
+def _offset_expr(mapping):
+    """The element offset ``mapping`` reads at its index variables (constants: -1), as TIR."""
+    return Mapping(mapping.shape, "int64", mapping.sources, mapping.vars, [
+        _offset_piece(p) for p in mapping.pieces]).value_expr()
+
+
+def _offsets(mapping, index_arrays, arrays, expr=None):
     env = {v: np.asarray(ix, dtype=np.int64) for v, ix in zip(mapping.vars, index_arrays)}
     bufs = {b: arrays[j] for j, b in enumerate(mapping.sources)}
-    offs_map = Mapping(mapping.shape, "int64", mapping.sources, mapping.vars, [
-        _offset_piece(p) for p in mapping.pieces])
-    out = _eval_np(offs_map.value_expr(), env, bufs)
+    out = _eval_np(_offset_expr(mapping) if expr is None else expr, env, bufs)
     return np.broadcast_to(np.asarray(out, dtype=np.int64), np.shape(index_arrays[0])).ravel()
 
 

@@ -42,9 +42,10 @@ from tvm.relax.expr_functor import PyExprMutator
 
 from . import inplace as inplace_updates
 from .analysis import call_tir_kernel, contiguity, index_copy_mapping, op_pattern
-from .mapping import VirtualTensor
+from .mapping import Mapping, Piece, VirtualTensor, _rebind_loads, _substitute, new_buffer
+from .rewrite import _OUTCOMES as DLIGHT_OUTCOMES
 from .rewrite import NotRewritable, best_schedulable, check_schedulable, rewritten_forms
-from .rules import Unsupported, get_rule
+from .rules import Unsupported, get_rule, is_builtin_rule
 from .strategy import Decision, pins_too_much
 
 logger = logging.getLogger("vtc_tvm")
@@ -74,16 +75,153 @@ class _Bounded(OrderedDict):
 
 REWRITES = _Bounded(4096)    # (consumer hash, param, mapping key, target) -> PrimFunc | NotRewritable
 CONTIGUITY = _Bounded(4096)  # mapping key -> Contiguity
+# The walk's own facts, derived once: per structure where the result names nothing of the
+# module (mappings), per object where it does (a legalized PrimFunc names its parameters after
+# the call's variables, and those names reach the emitted rewrites). Identical layers, the
+# planner's re-walks and the emitter's walk look them up instead of recomputing them.
+MOVEMENTS = _Bounded(4096)   # call key -> (mappings, where each source is among the args) | Unsupported
+INDEX_COPIES = _Bounded(4096)  # PrimFunc hash -> Mapping | None (call_tir copy kernels)
+PATTERNS = _Bounded(4096)    # PrimFunc hash -> op pattern
+_BY_ID = _Bounded(16384)     # ids of objects -> (objects, derived value): hashes, compositions, legalizations
+
+
+def clear_caches():
+    """Forget everything derived so far (a cold compile, as in a fresh process)."""
+    for cache in (REWRITES, CONTIGUITY, MOVEMENTS, INDEX_COPIES, PATTERNS, _BY_ID, DLIGHT_OUTCOMES):
+        cache.clear()
+
+
+def _identity(obj) -> int:
+    # A TVM object gets a new Python wrapper at every access: its node's address is its identity.
+    chandle = getattr(obj, "__chandle__", None)
+    return id(obj) if chandle is None else chandle()
+
+
+def _by_identity(objs: tuple, compute, tag=None):
+    """``compute()`` memoised on the identity of the objects ``objs`` (kept alive by the memo,
+    so their addresses cannot be reused while the entry exists)."""
+    key = (tag,) + tuple(_identity(o) for o in objs)
+    hit = _BY_ID.get(key)
+    if hit is not None and all(_identity(a) == _identity(b) for a, b in zip(hit[0], objs)):
+        return hit[1]
+    return _BY_ID.put(key, (objs, compute()))[1]
+
+
+def func_hash(func) -> int:
+    """Structural hash of a PrimFunc, once per object."""
+    return _by_identity((func,), lambda: tvm_ffi.structural_hash(func), "hash")
+
+
+class BoundMapping(Mapping):
+    """One binding's own mapping object over a mapping derived once per structure (``template``,
+    shared by identical layers): the same pieces, variables and buffers, except where a mapping
+    shows itself in the emitted module (the ``vtc.virtual_inputs`` index maps), which bind
+    variables (and index-tensor buffers) of this object's own, as when every binding derived its
+    mapping itself (structural equality sees which index maps share variables)."""
+
+    def __init__(self, template: Mapping):
+        template = getattr(template, "template", template)
+        self.__dict__.update(template.__dict__)
+        self.template = template
+        self._own_maps = None
+
+    def index_maps(self) -> list:
+        if self._own_maps is None:
+            self._own_maps = renamed(self).index_maps()
+        return self._own_maps
+
+
+def template_of(mapping) -> Mapping:
+    return getattr(mapping, "template", mapping)
+
+
+def renamed(mapping: Mapping) -> Mapping:
+    """``mapping`` over index variables and source buffers of its own (same names)."""
+    vmap = {v: tvm.tirx.Var(v.name, v.ty) for v in mapping.vars}
+    bufs = [new_buffer(b.shape, b.dtype, b.name) for b in mapping.sources]
+    own = lambda e: _rebind_loads(_substitute(e, vmap), mapping.sources,
+                                  lambda j, idx: tvm.tirx.BufferLoad(bufs[j], idx))
+    pieces = [Piece(p.source, tuple(own(e) for e in p.indices), None if p.cond is None else own(p.cond), p.value)
+              for p in mapping.pieces]
+    return Mapping(mapping.shape, mapping.dtype, bufs, list(vmap.values()), pieces)
+
+
+def copy_kernel(mapping) -> tvm.tirx.PrimFunc:
+    """``mapping.to_prim_func("vtc_copy")``, built once per mapping (it is immutable; the kernel
+    has buffers and variables of its own)."""
+    mapping = template_of(mapping)
+    func = getattr(mapping, "_vtc_copy", None)
+    if func is None:
+        func = mapping.to_prim_func("vtc_copy")
+        mapping._vtc_copy = func
+    return func
 
 
 def mapping_key(mapping) -> int:
     """Structural hash of the copy kernel that materialises ``mapping``: equal for equal
     mappings of different layers (the buffers are fresh, the structure is the same)."""
+    mapping = template_of(mapping)
     key = getattr(mapping, "_vtc_key", None)
     if key is None:
-        key = tvm_ffi.structural_hash(mapping.to_prim_func("vtc_copy"))
+        key = tvm_ffi.structural_hash(copy_kernel(mapping))
         mapping._vtc_key = key
     return key
+
+
+def _expr_key(e):
+    """What a rule or a legalization can see of an argument: a variable's type (symbolic dims
+    by identity), a tuple's fields, anything else (constants, shapes, prim values) in full."""
+    if isinstance(e, relax.Var):
+        return ("var", tvm_ffi.structural_hash(e.ty))
+    if isinstance(e, relax.Tuple):
+        return ("tuple",) + tuple(_expr_key(f) for f in e.fields)
+    return ("expr", tvm_ffi.structural_hash(e))
+
+
+def call_key(call, args=None) -> tuple:
+    """Structural key of ``call`` up to the identity of its variables: two calls with equal
+    keys legalize to equal PrimFuncs and have equal rule mappings (over the same positions)."""
+    args = call.args if args is None else args
+    return (call.op.name, None if call.attrs is None else tvm_ffi.structural_hash(call.attrs),
+            tuple(_expr_key(a) for a in args), tvm_ffi.structural_hash(call.ty),
+            tuple(tvm_ffi.structural_hash(t) for t in call.ty_args))
+
+
+def _position(source, args):
+    """Where ``source`` is among ``args``: ``(i,)`` or ``(i, field)``; None if it is not."""
+    for i, a in enumerate(args):
+        if a.same_as(source):
+            return (i,)
+        if isinstance(a, relax.Tuple):
+            for k, f in enumerate(a.fields):
+                if f.same_as(source):
+                    return (i, k)
+    return None
+
+
+def _at(position, args):
+    a = args[position[0]]
+    return a if len(position) == 1 else a.fields[position[1]]
+
+
+def cached_index_copy(func):
+    """:func:`index_copy_mapping` of a PrimFunc, once per structure (as the caller's own
+    :class:`BoundMapping`)."""
+    key = func_hash(func)
+    if key not in INDEX_COPIES:
+        INDEX_COPIES.put(key, index_copy_mapping(func))
+    found = INDEX_COPIES[key]
+    return None if found is None else BoundMapping(found)
+
+
+def cached_op_pattern(func) -> int:
+    """:func:`op_pattern` of a PrimFunc, once per structure."""
+    if func.attrs and "op_pattern" in func.attrs:
+        return int(func.attrs["op_pattern"])
+    key = func_hash(func)
+    if key not in PATTERNS:
+        PATTERNS.put(key, op_pattern(func))
+    return PATTERNS[key]
 
 
 def cached_contiguity(mapping):
@@ -97,7 +235,7 @@ def cached_rewrite(func, index, mapping, name, target):
     """The schedulable rewrite of ``func`` reading parameter ``index`` through ``mapping``
     (:func:`rewritten_forms` + :func:`best_schedulable`), or the :class:`NotRewritable` that
     says why there is none. Computed once per structure."""
-    key = (tvm_ffi.structural_hash(func), index, mapping_key(mapping), str(target))
+    key = (func_hash(func), index, mapping_key(mapping), str(target))
     if key not in REWRITES:
         try:
             REWRITES.put(key, best_schedulable(func, rewritten_forms(func, index, mapping, name, target), target))
@@ -270,26 +408,58 @@ class Walker(PyExprMutator):
             return None
         if value.op.same_as(CALL_TIR):
             kernel = call_tir_kernel(self.mod, value)
-            mapping = index_copy_mapping(kernel[1]) if kernel is not None else None
+            mapping = cached_index_copy(kernel[1]) if kernel is not None else None
             return None if mapping is None else VirtualTensor(mapping, kernel[2])
         name = value.op.name
         rule = get_rule(name)
         if rule is None or (self.ops is not None and name not in self.ops):
             return None
-        try:
-            return rule(self._with_literal_tuples(value))
-        except Unsupported as err:
-            self.log(var, name, False, f"{name} left as is: {err}")
+        args = self._literal_args(value)
+        if not is_builtin_rule(name):  # a user's rule may look at anything: run it every time
+            try:
+                return rule(self._with_literal_tuples(value, args))
+            except Unsupported as err:
+                self.log(var, name, False, f"{name} left as is: {err}")
+                return None
+        # Built-in rules read only the types, attributes and literal arguments of the call: the
+        # mapping is derived once per structure and re-attached to this call's sources.
+        key = call_key(value, args)
+        found = MOVEMENTS.get(key)
+        if found is None:
+            found = MOVEMENTS.put(key, self._derive_movement(rule, value, args))
+        if isinstance(found, Unsupported):
+            self.log(var, name, False, f"{name} left as is: {found}")
             return None
+        if found[0] is None:  # a source the rule made itself: not positional, not cached
+            return rule(self._with_literal_tuples(value, args))
+        parts = [VirtualTensor(BoundMapping(m), [_at(q, args) for q in where]) for m, where in found[0]]
+        return parts if found[1] else parts[0]
 
-    def _with_literal_tuples(self, call):
+    def _derive_movement(self, rule, value, args):
+        """``(((mapping, source positions), ...), is_list)`` of a built-in rule, or its
+        :class:`Unsupported`."""
+        try:
+            vt = rule(self._with_literal_tuples(value, args))
+        except Unsupported as err:
+            return err
+        parts = vt if isinstance(vt, list) else [vt]
+        where = [tuple(_position(s, args) for s in p.sources) for p in parts]
+        if any(q is None for w in where for q in w):
+            return (None, isinstance(vt, list))
+        return (tuple((p.mapping, w) for p, w in zip(parts, where)), isinstance(vt, list))
+
+    def _literal_args(self, call) -> list:
         """Arguments bound to tuple literals (e.g. concat's input) as the literal itself."""
-        args, changed = [], False
+        args = []
         for a in call.args:
             bound = self.lookup_binding(a) if isinstance(a, relax.Var) else None
-            changed |= isinstance(bound, relax.Tuple)
             args.append(bound if isinstance(bound, relax.Tuple) else a)
-        if not changed:
+        return args
+
+    def _with_literal_tuples(self, call, args=None):
+        """``call`` over :meth:`_literal_args`."""
+        args = self._literal_args(call) if args is None else args
+        if all(a.same_as(b) for a, b in zip(args, call.args)):
             return call
         return self.builder_.normalize(relax.Call(call.op, args, call.attrs, call.ty_args))
 
@@ -315,17 +485,19 @@ class Walker(PyExprMutator):
     def _compose(self, vt: VirtualTensor) -> VirtualTensor:
         """Express ``vt`` over physical tensors: compose through virtual sources, except where
         that would pin many more bytes than ``vt`` holds (that source is then materialised)."""
-        mapping, sources = vt.mapping, list(vt.sources)
+        mapping, sources = template_of(vt.mapping), list(vt.sources)
         j = 0
         while j < len(sources):
             inner = self.virtual.get(sources[j]) if isinstance(sources[j], relax.Var) else None
             if isinstance(inner, VirtualTensor) and self.visible(inner):
-                further = mapping.compose(j, inner.mapping)
-                if not pins_too_much(further):
+                further, pins = _composition(mapping, j, template_of(inner.mapping))
+                if not pins:
                     mapping, sources = further, sources[:j] + sources[j + 1:] + list(inner.sources)
                     continue
             j += 1
-        return VirtualTensor(mapping, sources)
+        if mapping is template_of(vt.mapping):
+            return VirtualTensor(vt.mapping, sources)
+        return VirtualTensor(BoundMapping(mapping), sources)
 
     def visible(self, vt: VirtualTensor) -> bool:
         """Outside a dataflow block, a dataflow block's internal tensors cannot be read."""
@@ -388,7 +560,7 @@ class Walker(PyExprMutator):
         return True
 
     def _emit_copy(self, binding, vt: VirtualTensor):
-        gv = self.builder_.add_func(vt.mapping.to_prim_func("vtc_copy"), "vtc_copy")
+        gv = self.builder_.add_func(copy_kernel(vt.mapping), "vtc_copy")
         call = relax.call_tir(gv, [self.visit_expr(s) for s in vt.sources], out_ty=binding.var.ty)
         self.emit_same_var(binding, call)
 
@@ -404,27 +576,44 @@ class Walker(PyExprMutator):
         legalize = call.op.get_attr("FLegalize") if isinstance(call.op, Op) else None
         if legalize is None:
             return None
+        # Once per call (and current target): the planner's re-walks and the emitter's walk see
+        # the same call objects. Not per structure: the PrimFunc names its parameters after the
+        # call's variables, names the rewrites keep.
+        current = tvm.target.Target.current(allow_none=True)
+        found = _by_identity((call,), lambda: self._legalize(legalize, call),
+                             ("legalize", None if current is None else str(current)))
+        if isinstance(found, str):
+            if found:
+                logger.info("%s", found)
+            return None
+        func, name, spec = found
+        return func, name, [call.args[x] if isinstance(x, int) else x for x in spec]
+
+    def _legalize(self, legalize, call):
+        """``(PrimFunc, kernel name, args spec)`` of ``call``'s legalization (an argument is the
+        index of a call argument, or a symbolic value), or why there is none (a log line)."""
         try:
             legal = self.builder_.normalize(legalize(self.builder_, call))
         except Exception as err:  # noqa: BLE001 - a consumer we cannot lower stays as it is
-            logger.info("cannot legalize %s: %s", call.op.name, err)
-            return None
+            return f"cannot legalize {call.op.name}: {err}"
         if not (isinstance(legal, relax.Call) and legal.op.same_as(CALL_TIR)) or len(legal.args) > 2:
-            return None
+            return ""
         if not tvm_ffi.structural_equal(legal.ty, call.ty):
             # e.g. TOPI's broadcast of two symbolic shapes Relax proved equal and TOPI did not
-            logger.info("legalized %s has type %s, not %s", call.op.name, legal.ty, call.ty)
-            return None
+            return f"legalized {call.op.name} has type {legal.ty}, not {call.ty}"
         gv = legal.args[0]
         func = self.builder_.get()[gv]
         args = list(legal.args[1].fields)
         # The legalized call must read the original tensors (constants may be folded into the
         # PrimFunc) and otherwise only the values of symbolic dimensions.
-        tensors = [a for a in call.args if isinstance(a.ty, relax.TensorType)]
+        spec = []
         for a in args:
-            if not (isinstance(a.ty, tvm.ir.PrimType) or any(a.same_as(t) for t in tensors)):
-                return None
-        return func, call.op.name.split(".")[-1], args
+            at = next((i for i, t in enumerate(call.args)
+                       if isinstance(t.ty, relax.TensorType) and a.same_as(t)), None)
+            if at is None and not isinstance(a.ty, tvm.ir.PrimType):
+                return ""
+            spec.append(a if at is None else at)
+        return func, call.op.name.split(".")[-1], tuple(spec)
 
     def _rewrite_consumer(self, var, call):
         virtual_args = [a for a in tensor_args(call) if isinstance(self.virtual.get(a), VirtualTensor)]
@@ -437,7 +626,7 @@ class Walker(PyExprMutator):
                 self.log(a, consumer, False, "consumer is not a rewritable call_tir")
             return None
         func, name, args = found
-        pattern = op_pattern(func)
+        pattern = cached_op_pattern(func)
         new_args: List[relax.Expr] = []
         changed = False
         for arg in args:
@@ -464,6 +653,20 @@ class Walker(PyExprMutator):
         return relax.call_tir(gv, [self.visit_expr(a) for a in new_args], out_ty=out_ty)
 
 
+def _composition(outer, j, inner):
+    """``(outer.compose(j, inner), pins_too_much of it)``, once per pair of mapping objects
+    (built-in rules share their mappings between identical layers, so do compositions)."""
+    def compute():
+        # Shared mappings may share buffers (the same template twice, or a composition that
+        # kept an outer source): ``compose`` tells sources apart by buffer, so give the inner
+        # mapping buffers of its own then, as separately derived mappings have.
+        alias = set(outer.sources) & set(inner.sources)
+        further = outer.compose(j, renamed(inner) if alias else inner)
+        return further, pins_too_much(further)
+
+    return _by_identity((outer, inner), compute, ("compose", j))
+
+
 def materialise_directly(value, vt, composed) -> bool:
     """If this movement op stays, should it be one copy kernel from the physical sources?
 
@@ -482,11 +685,16 @@ def materialise_directly(value, vt, composed) -> bool:
 def check_symbols(vt: VirtualTensor):
     """A symbolic dimension of a virtual tensor must be a dimension of one of its sources:
     otherwise neither a copy kernel nor a rewritten consumer could learn its value."""
-    defined = [d for j in range(len(vt.mapping.sources)) for d in vt.mapping.source_shape(j)
-               if isinstance(d, tvm.ir.Var)]
-    for symbol in vt.mapping.symbols:
-        if not any(symbol.same_as(d) for d in defined):
-            raise Unsupported(f"symbolic dimension {symbol} is not a dimension of any source")
+    mapping = template_of(vt.mapping)
+    problem = getattr(mapping, "_vtc_symbols", None)  # a property of the mapping: once per mapping
+    if problem is None:
+        defined = [d for j in range(len(mapping.sources)) for d in mapping.source_shape(j)
+                   if isinstance(d, tvm.ir.Var)]
+        problem = next((f"symbolic dimension {symbol} is not a dimension of any source"
+                        for symbol in mapping.symbols if not any(symbol.same_as(d) for d in defined)), "")
+        mapping._vtc_symbols = problem
+    if problem:
+        raise Unsupported(problem)
 
 
 def shaped(ty) -> bool:

@@ -9,6 +9,8 @@ import tvm
 from tvm import relax
 from tvm.ir import Op
 
+from .pipeline import _backend, fusion_passes
+
 _KERNEL_CALLS = (Op.get("relax.call_tir"), Op.get("relax.call_tir_inplace"))
 _ALLOC_STORAGE = Op.get("relax.memory.alloc_storage")
 
@@ -28,31 +30,46 @@ def _calls(func: relax.Function, ops) -> list[relax.Call]:
     return found
 
 
-def kernel_census(mod: tvm.IRModule, target, stores: bool = False) -> dict:
+def _census_passes(target: tvm.target.Target, stores: bool):
+    """The target pipeline's own passes (:func:`vtc_tvm.pipeline.fusion_passes` and the
+    backend's lists, not a copy of them), in two parts: up to the kernels ``main`` launches
+    (library dispatch, fusion, with the store side when ``stores``, and dataflow lowering up to
+    ``RewriteDataflowReshape``, which turns a lone reshape kernel into a zero-copy view), then on
+    to static memory planning (it acts on explicit allocations, made by ``CallTIRRewrite``).
+    Scheduling is left out: it changes no kernel and costs a build's time."""
+    backend = _backend(target)
+    fuse = list(backend.library_dispatch_passes(target)) + [
+        p for p in fusion_passes(target, stores, schedule_copies=False) if p.info.name != "ApplyDefaultSchedule"]
+    lower = list(backend.dataflow_lower_passes(target))
+    at = next(i for i, p in enumerate(lower) if p.info.name == "RewriteDataflowReshape") + 1
+    plan = [p for p in backend.finalize_passes(target) if p.info.name == "StaticPlanBlockMemory"]
+    return fuse + lower[:at], lower[at:] + plan
+
+
+def fused_module(mod: tvm.IRModule, target, stores: bool = False) -> tvm.IRModule:
+    """``mod`` as :func:`kernel_census` counts its kernels: after the target pipeline's fusion
+    (its PrimFunc names are the kernels'); ``stores`` adds the store side after ``FuseTIR``."""
+    target = _as_target(target)
+    with target:
+        return tvm.transform.Sequential(_census_passes(target, stores)[0])(mod)
+
+
+def kernel_census(mod: tvm.IRModule, target, stores: bool = False, fused: tvm.IRModule = None) -> dict:
     """Kernels launched by ``main`` after TVM's fusion, how many only move data, and planned memory.
 
     Returns ``kernels``, ``data_movement`` (kernels whose PrimFunc ``is_data_movement``),
     ``planned_bytes`` (intermediate storage after static memory planning; outputs excluded) and
     ``memory_estimate`` (the text of ``relax.analysis.estimate_memory_usage``). ``stores`` adds
-    the store side after ``FuseTIR``, as the ``"vtc"`` pipeline does.
+    the store side after ``FuseTIR``, as the ``"vtc"`` pipeline does. ``fused``: ``mod`` already
+    through :func:`fused_module` (same ``stores``), to count without fusing again.
     """
     from .analysis import is_data_movement  # lazy: the analysis module is written alongside
 
     target = _as_target(target)
-    T = relax.transform
-    # The fusion passes of the default pipeline; RewriteDataflowReshape too, because in the stock
-    # pipeline it turns a lone reshape kernel into a zero-copy view, which launches nothing.
-    fused = [T.LegalizeOps(), T.AnnotateTIROpPattern(), T.FoldConstant(), T.FuseOps(), T.FuseTIR()]
-    if stores:
-        from .stores import VirtualTensorizeStores
-
-        fused.append(VirtualTensorizeStores(target))
-    lower = [T.RewriteDataflowReshape(), T.ToNonDataflow(), T.RemovePurityChecking(), T.CallTIRRewrite()]
     with target:
-        mod = tvm.transform.Sequential(fused + lower[:1])(mod)
+        mod = fused if fused is not None else fused_module(mod, target, stores)
         kernels = _calls(mod["main"], _KERNEL_CALLS)
-        # Memory planning acts on explicit allocations, which exist only after CallTIRRewrite.
-        planned = tvm.transform.Sequential(lower[1:] + [T.StaticPlanBlockMemory()])(mod)
+        planned = tvm.transform.Sequential(_census_passes(target, stores)[1])(mod)
     return {
         "kernels": len(kernels),
         "data_movement": sum(bool(is_data_movement(mod[c.args[0]])) for c in kernels),

@@ -10,6 +10,7 @@ normalisation then splits block axes that the mapping divides by a constant (GQA
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import Optional
 
 import tvm
@@ -98,8 +99,8 @@ def rewritten_forms(func: tirx.PrimFunc, param_index: int, mapping: Mapping, nam
     first, and both kept out of FuseOps); on GPU targets, for piecewise and indirect mappings,
     inlined into a read stage (:func:`stage_input`)."""
     gpu = target is not None and "gpu" in target.keys
-    plain, split = (inline_mapping(func, param_index, mapping, name=name, normalize=normalize)[0]
-                    for normalize in (False, True))
+    plain = inline_mapping(func, param_index, mapping, name=name, normalize=False)[0]
+    split = normalize_loops(plain)  # what inline_mapping(normalize=True) returns: inlined once
     # The op pattern FuseOps sees: for a GEMM/reduction the original's (re-derived, a GEMM whose
     # loads are mapped can read as a plain reduction, so that FuseOps fuses producers such as
     # RoPE into it, and clamped symbolic reads read as opaque). For an elementwise, broadcast or
@@ -301,9 +302,35 @@ def _dlight_rules():
     return stock_rules(cuda_target())
 
 
+# (structural hash of a PrimFunc, target) -> (rule index, serial 16-bit terms) or the exception
+# DLight raised: what a kernel's schedule says is a property of its structure, and the same
+# kernels come back (an original consumer for each of its edges, identical layers, re-compiles).
+_OUTCOMES = OrderedDict()
+_OUTCOMES_LIMIT = 4096
+
+
+def _dlight_outcome(func: tirx.PrimFunc, target):
+    """``(index of the first default DLight rule that schedules func, its serial half terms)``;
+    raises what DLight raised. Once per structure and target."""
+    key = (tvm_ffi.structural_hash(func), str(target))
+    found = _OUTCOMES.get(key)
+    if found is None:
+        try:
+            rule, sch = _dlight_schedule(func, target)
+            found = (rule, _serial_half_terms(func, rule, sch))
+        except Exception as err:  # noqa: BLE001 - re-raised to every caller, as DLight raised it
+            found = err
+        _OUTCOMES[key] = found
+        while len(_OUTCOMES) > _OUTCOMES_LIMIT:
+            _OUTCOMES.popitem(last=False)
+    if isinstance(found, Exception):
+        raise found
+    return found
+
+
 def _dlight_rule(func: tirx.PrimFunc, target) -> int:
     """Index of the first default DLight rule that schedules ``func`` (raises on failure)."""
-    return _dlight_schedule(func, target)[0]
+    return _dlight_outcome(func, target)[0]
 
 
 def _dlight_schedule(func: tirx.PrimFunc, target):
@@ -369,12 +396,11 @@ def best_schedulable(original: tirx.PrimFunc, candidates, target) -> tirx.PrimFu
         ranked, failures = [], []
         for k, func in enumerate(candidates):
             try:
-                rule, sch = _dlight_schedule(func, target)
+                rule, serial = _dlight_outcome(func, target)
             except Exception as err:  # noqa: BLE001 - a scheduling failure rules the form out
                 lines = [ln for ln in str(err).splitlines() if ln.strip()]
                 failures.append(lines[-1][:200] if lines else type(err).__name__)
                 continue
-            serial = _serial_half_terms(func, rule, sch)
             if names[before] in _TREE_RULES and serial >= SERIAL_HALF_TERMS:
                 failures.append(f"DLight's Matmul rule (no tensor cores) would add {serial} 16-bit terms in "
                                 f"one register where {names[before]} sums them in a tree")

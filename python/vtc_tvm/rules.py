@@ -49,6 +49,13 @@ def registered_ops():
     return sorted(_RULES)
 
 
+def is_builtin_rule(op_name: str) -> bool:
+    """Whether ``op_name``'s rule is this module's own: a pure function of the call's types,
+    attributes and literal arguments (so its mapping may be derived once per structure)."""
+    rule = _RULES.get(op_name)
+    return rule is not None and _BUILTIN.get(op_name) is rule
+
+
 # -- helpers for rules --------------------------------------------------------------------------
 def dims_of(expr) -> tuple:
     """Shape of a tensor-typed expression: ints, and ``PrimExpr`` for symbolic dimensions."""
@@ -389,3 +396,6 @@ def _pixel_shuffle(call):
     r = int(call.attrs.upscale_factor)
     fd, fm = tirx.floordiv, tirx.floormod
     return _view(call, x, lambda n, c, h, w: [n, c * r * r + fm(h, r) * r + fm(w, r), fd(h, r), fd(w, r)])
+
+
+_BUILTIN = dict(_RULES)  # the rules above; a user's (register_rule, override=True) is not one

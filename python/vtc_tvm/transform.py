@@ -76,8 +76,9 @@ def _hoist(func: relax.Function, rewritten) -> relax.Function:
                 # e.g. the shape of an ONNX Expand read from a runtime tensor).
                 symbols = set(relax.analysis.free_symbolic_vars(b.value)) | set(
                     relax.analysis.tir_vars_in_type(b.var.ty))
-                at = max((i + 1 for i, o in enumerate(order)
-                          if o.var in reads or symbols & _defined_symbols(o)), default=0)
+                # The last such definition (scanned from the end: it is usually close by).
+                at = next((i + 1 for i in range(len(order) - 1, -1, -1)
+                           if order[i].var in reads or symbols & _defined_symbols(order[i])), 0)
             order.insert(at, b)
         blocks.append(relax.DataflowBlock(order))
     return relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
