@@ -33,24 +33,30 @@ tensors are copies from their sources; a concat that its producers store into is
 its first producer). Op patterns of high-level ops come from legalizing each distinct call once
 (:func:`op_pattern_of`, cached per structure).
 
+The store side (:func:`store_side`) is predicted after fusion as :mod:`vtc_tvm.stores` decides
+there: a copy launch of one-to-one copies whose inputs' producers nothing else reads.
+
 Limits: 1. sizes must be static (a symbolic size makes the prediction None, as the census's);
-2. the store side is predicted as the plan asks it (:mod:`vtc_tvm.stores` may still refuse a
-producer after fusion, which only keeps stock's buffers there); 3. one dataflow block per
-function is what the planner sees as one block; bindings outside dataflow blocks are not fused.
+2. the store side may still refuse a producer the prediction redirects (DLight cannot schedule
+it, an inverse it cannot prove), which keeps stock's buffers there; 3. a call that neither
+legalizes nor is a ``call_tir`` counts as an opaque kernel (the planner would not plan the
+tokens it reads); 4. the skeleton's FuseOps sees what the pipeline's does only as far as the
+pipeline's passes before it (LegalizeOps, AnnotateTIROpPattern, FoldConstant) are the ones
+modelled here.
 """
 
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import tvm
 import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir import Op
 
-from .analysis import INJECTIVE, OPAQUE, op_pattern
+from .analysis import OPAQUE, op_pattern
 
 CALL_TIR = Op.get("relax.call_tir")
 CALL_TIR_INPLACE = Op.get("relax.call_tir_inplace")
@@ -59,6 +65,8 @@ VIEW_OPS = {"relax.reshape", "relax.flatten", "relax.squeeze", "relax.expand_dim
 # Copies every element of whose sources lands once in the output: the store side can invert them.
 ONE_TO_ONE_OPS = VIEW_OPS | {"relax.concat", "relax.permute_dims"}
 MATCH_RANGE = 16  # TokenAllocator1D::match_range_
+# Each skeleton kernel is a PrimFunc of its own (BlockBuilder.add_func would merge equal ones),
+# so that FuseOps' groups name the records they fuse.
 _NODE_ATTR = "vtc.memory_node"
 CONSTANT = tvm.ir.GenericConst
 
@@ -96,9 +104,11 @@ _PATTERNS: Dict[tuple, int] = {}
 
 
 def _signature(call: relax.Call) -> tuple:
+    """What a legalized op's pattern depends on: the op, its attributes, its arguments' types
+    (a constant's type, not its data; shape and prim values themselves)."""
     return (call.op.name, tvm_ffi.structural_hash(call.attrs) if call.attrs is not None else 0,
-            tuple(tvm_ffi.structural_hash(a.ty) if isinstance(a, relax.Var) else tvm_ffi.structural_hash(a)
-                  for a in call.args))
+            tuple(tvm_ffi.structural_hash(a.ty) if isinstance(a, (relax.Var, CONSTANT)) else
+                  tvm_ffi.structural_hash(a) for a in call.args))
 
 
 def op_pattern_of(call: relax.Call, mod: Optional[tvm.IRModule] = None) -> int:
@@ -111,6 +121,8 @@ def op_pattern_of(call: relax.Call, mod: Optional[tvm.IRModule] = None) -> int:
         return OPAQUE
     key = _signature(call)
     if key not in _PATTERNS:
+        if len(_PATTERNS) > 1 << 14:
+            _PATTERNS.clear()
         _PATTERNS[key] = _legalized_pattern(call)
     return _PATTERNS[key]
 
@@ -294,13 +306,14 @@ def _skeleton(kernels: List[Kernel], function: Function):
             node_of_gv[gv] = i
             gv_of[i] = gv
     defined = {k.var for k in kernels}
-    params: List[relax.Var] = []
+    params: Dict[relax.Var, None] = {}  # (ordered) what the records read and do not define
     for k in kernels:
         for r in (k.reads if k.alias is None else relax.analysis.free_vars(k.alias)):
-            if isinstance(r, relax.Var) and r not in defined and r not in params:
-                params.append(r)
+            if isinstance(r, relax.Var) and r not in defined:
+                params.setdefault(r)
     remap = {p: relax.Var(p.name, p.ty) for p in params}
     read_later = _read_after_block(kernels, function.outputs)
+
     def emit(lo, hi, dataflow):
         for n in range(lo, hi):
             k = kernels[n]

@@ -522,9 +522,8 @@ class _MemoryFit:
     next group is tried from the kept plan). Store destinations allocated by their first
     producer are tried the same way, without a walk. Deterministic (ties by node id); at most
     :data:`MAX_TAKE_BACKS` walks and :data:`MAX_EVALUATED` predicted groups, then every group at
-    once; if even that does not fit, the
-    module is left as it is (``Plan.unchanged``). ``objective="memory"`` goes on while the
-    prediction goes down."""
+    once; if even that does not fit, the module is left as it is (``Plan.unchanged``).
+    ``objective="memory"`` goes on while the prediction goes down."""
 
     def __init__(self, guard: bool, minimise: bool):
         self.guard, self.minimise = guard, minimise
