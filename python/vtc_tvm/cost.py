@@ -15,10 +15,11 @@ Analytic, per target kind (:data:`TARGETS`, data not code):
 Measured costs override the analytic time when ``profile=True`` (:mod:`vtc_tvm.profile_db`).
 
 Limits: 1. bandwidths and launch overheads are nominal (H200 HBM3e, one DDR channel set for
-CPUs); 2. memory is predicted from buffer sizes alone (a virtual tensor's buffer is freed; its
-sources' lifetimes are taken as unchanged because rewritten consumers are hoisted to just after
-their inputs), not from the static planner's packing; 3. symbolic shapes have no byte counts and
-are costed at zero bytes (only the kernel launch counts).
+CPUs); 2. an edge's ``memory`` is the buffer it frees, an additive proxy the solver sums (for
+``objective="memory"``); the planned bytes of a whole plan, with the sources it keeps alive and
+the planner's packing, are :mod:`vtc_tvm.memory`'s prediction, which the plan's memory constraint
+uses; 3. symbolic shapes have no byte counts and are costed at zero bytes (only the kernel launch
+counts).
 """
 
 from __future__ import annotations

@@ -6,8 +6,13 @@ set: the edges of one virtual tensor are taken together (``requires`` in a cycle
 only saved when every consumer reads through the mapping), a tensor that some use keeps physical
 (a function output, a consumer that cannot be rewritten, an edge the strategy refuses) offers no
 edges, a concat is either virtual over its inputs or the destination its producers store into
-(a conflict set per producer), and the chosen plan never adds kernels nor (with
-``memory_guard``) planned bytes (the budgets).
+(a conflict set per producer), and the chosen plan never adds kernels (the budget).
+
+With ``memory_guard`` memory is a constraint: at the fixed point (below) the planned bytes of
+stock and of the plan are predicted (:mod:`vtc_tvm.memory`, from the records :func:`_records`
+derives from the decisions, without emitting or lowering), and while the plan's exceed stock's
+:class:`_MemoryFit` takes back the decisions that keep tensors alive longest for the least
+time saved, walking again (``objective="memory"`` goes on while the prediction falls).
 
 Which movement results stay materialised also depends on how the ones they compose through
 end up; that is a fixed point over the graph (limit 1): each step re-walks the module with the
@@ -25,9 +30,10 @@ import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
-from . import solver
-from .candidates import (Edge, Graph, Node, Walker, cached_contiguity, cached_rewrite, materialise_directly,
-                         VIEW_OPS, _op_name)
+from . import memory, solver
+from .analysis import OPAQUE, op_pattern
+from .candidates import (Edge, Graph, Node, Walker, cached_contiguity, cached_rewrite, mapping_key,
+                         materialise_directly, VIEW_OPS, _op_name)
 from .cost import EdgeCost, copy_saving, edge_cost
 from .rewrite import NotRewritable
 from .strategy import Decision, by_contiguity, get_strategy
@@ -54,16 +60,47 @@ class Collector(Walker):
         self.binding_of: Dict[relax.Var, relax.Binding] = {}
         self.all_uses: Dict[relax.Var, int] = {}
         self.edges_into: Dict[relax.Var, List[Edge]] = {}
+        # What the memory model needs to derive the rewritten functions (vtc_tvm.memory):
+        self.functions: List[Tuple[relax.Function, list]] = []  # (function, [(binding, in dataflow)])
+        self.copies: Dict[relax.Var, object] = {}     # movement result -> the mapping of its direct copy
+        self.updated: Dict[relax.Var, tuple] = {}  # binding -> its in-place update, its op pattern
+        self.sources: Dict[relax.Var, list] = {}     # movement result -> the sources it composes to
+        self._occurrences: Dict[relax.Var, list] = {}
+        self._records: Dict[relax.Var, memory.Kernel] = {}
 
     def begin_function(self, func):
         for p in func.params:
             self.graph.node(p)
+        self.functions.append((func, []))
         for block in func.body.blocks:
             for b in block.bindings:
                 self.bindings.append(b)
                 self.binding_of[b.var] = b
+                self.functions[-1][1].append((b, isinstance(block, relax.DataflowBlock)))
         self.outputs += list(relax.analysis.free_vars(func.body.body))
         self.all_uses.update(self.uses)
+
+    def occurrences(self, binding) -> list:
+        """Every variable occurrence in ``binding``'s value (computed once per binding)."""
+        found = self._occurrences.get(binding.var)
+        if found is None:
+            found = self._occurrences[binding.var] = _occurrences(binding.value)
+        return found
+
+    def record(self, binding, dataflow: bool) -> memory.Kernel:
+        """The memory record of ``binding`` as the input has it (computed once per binding)."""
+        found = self._records.get(binding.var)
+        if found is None:
+            found = self._records[binding.var] = memory.kernel_of(
+                binding.var, binding.value, self.mod, dataflow, match_cast=isinstance(binding, relax.MatchCast))
+        return found
+
+    def _update_in_place(self, binding) -> bool:
+        done = super()._update_in_place(binding)
+        if done:
+            value = self.lookup_binding(binding.var)
+            self.updated[binding.var] = (value, op_pattern(self.builder_.get()[value.args[0]]))
+        return done
 
     def _value(self, var):
         b = self.binding_of.get(var)
@@ -76,8 +113,11 @@ class Collector(Walker):
     def on_movement(self, binding, vt, composed):
         node = self.graph.node(binding.var, binding.value, len(self.graph.nodes))
         node.movement = True
+        parts = composed if isinstance(composed, list) else [composed]
+        self.sources[binding.var] = list(dict.fromkeys(s for c in parts for s in c.sources if isinstance(s, relax.Var)))
         if not isinstance(vt, list) and materialise_directly(binding.value, vt, composed):
             self.kept_reads[binding.var] = [s for s in composed.sources if isinstance(s, relax.Var)]
+            self.copies[binding.var] = composed.mapping
         else:
             self.kept_reads[binding.var] = list(relax.analysis.free_vars(binding.value))
         if _op_name(binding.value) == "relax.concat" and not isinstance(vt, list):
@@ -159,6 +199,8 @@ class Plan:
     summary: dict
     problem: Optional[solver.Problem] = None
     offered: List[int] = field(default_factory=list)  # solver edge index -> graph edge id
+    # No plan fits the memory constraint: the pass leaves the module as it is.
+    unchanged: bool = False
 
     def chosen_edges(self) -> List[Edge]:
         return [e for e in self.graph.edges if e.chosen]
@@ -232,36 +274,54 @@ def _plan(mod, tgt, choose, allowed, inplace, profiler, memory_guard, objective,
     earlier: Dict[tuple, dict] = {}
     earlier_edges: Dict[tuple, Edge] = {}
     nodes = Graph()  # one node table for every step: stable node ids
-    for step in range(MAX_STEPS):
+    fit = _MemoryFit(memory_guard and not every, objective == "memory" and not every)
+    step = steps = 0
+    while True:
         graph = Graph(nodes=nodes.nodes, by_var=nodes.by_var, _ops=nodes._ops)
         collector = Collector(mod, choose, allowed, tgt, inplace, physical, profiler, graph)
         collector.transform()
-        result = _solve(graph, collector, tgt, memory_guard, objective, every)
+        result = _solve(graph, collector, tgt, memory_guard, objective, every, fit.no_store)
         stayed = _materialised(collector, result.choice)
         if every:  # "all": consumers keep reading through a tensor that is materialised anyway
             stayed -= {graph.nodes[e.src].var for e in graph.edges if e.chosen and e.kind == "load"}
         stayed = frozenset(collector_split(collector).get(v, v) for v in stayed)
-        if stayed <= physical:
-            break
+        step += 1
+        steps += 1
+        if stayed <= physical or step >= MAX_STEPS:
+            # A fixed point: the memory constraint keeps it, or walks again with more physical.
+            action, value = fit.check(result, collector, physical)
+            if action == "done":
+                result = value
+                break
+            step, next_physical = 0, value
+        else:
+            next_physical = physical | stayed
         for row in result.rows:
             earlier.setdefault((row["tensor"], row["consumer"]), row)
         for e in graph.edges:
             if e.kind == "load":
                 earlier_edges.setdefault((e.arg, e.consumer_var), e)
-        physical = physical | stayed
-    result.physical = physical
+        physical = next_physical
+    graph = result.graph
     final = {(e.arg, e.consumer_var) for e in graph.edges if e.kind == "load"}
     for key, e in earlier_edges.items():  # edges into tensors an earlier step found materialised
         if key not in final:
             e.id, e.chosen = len(graph.edges), False
-            e.reason = f"the tensor stays materialised, read directly; alone: {e.verdict.reason}"
+            why = fit.taken_back.get(key[0])
+            e.reason = (f"taken back by the memory constraint ({why}); alone: {e.verdict.reason}" if why else
+                        f"the tensor stays materialised, read directly; alone: {e.verdict.reason}")
             graph.edges.append(e)
-    result.summary["solver"]["steps"] = step + 1
+    result.summary["solver"]["steps"] = steps
     # Edges decided in an earlier step whose tensor then stayed materialised: read directly.
     seen = {(r["tensor"], r["consumer"]) for r in result.rows}
+    taken_back = {v.name: why for v, why in fit.taken_back.items()}
     for key, row in earlier.items():
         if key not in seen and not row["virtual"]:
             result.rows.append(row)
+        elif key not in seen and key[0] in taken_back:
+            result.rows.append(dict(row, virtual=False, reason=(
+                f"taken back by the memory constraint ({taken_back[key[0]]}): materialised as stock "
+                f"computes it; alone: {row['reason']}")))
         elif key not in seen:
             result.rows.append(dict(row, virtual=False, reason=(
                 "stays materialised (read where it cannot be virtual), so consumers read it directly; "
@@ -281,7 +341,8 @@ def collector_split(collector) -> dict:
     return found
 
 
-def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objective: str, every: bool) -> Plan:
+def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objective: str, every: bool,
+           no_store=frozenset()) -> Plan:
     """Cost the graph's edges and solve for the plan (see the module docstring)."""
     edges = graph.edges
     # Occurrences of each tensor outside movement bindings: what must read through it.
@@ -343,6 +404,9 @@ def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objectiv
         # concat's buffer stays: less than the load side saves, which also drops the launch.
         e.cost = EdgeCost((copy_saving(node.bytes, tgt) - copy_saving(0, tgt)) / 2, 0, -(node.bytes or 0),
                           "producer writes its slice")
+        if graph.nodes[e.dst].var in no_store:
+            e.chosen, e.reason = False, "taken back by the memory constraint: the producer keeps its own buffer"
+            continue
         if graph.nodes[e.dst].var in collector.physical or e.dst not in first_load:
             e.chosen, e.reason = True, "producer stores into its slice of the concat (store side)"
             continue
@@ -427,7 +491,7 @@ def _materialised(collector: Collector, choice: Dict[tuple, Decision]) -> set:
             if b.var in live:
                 live.update(collector.kept_reads.get(b.var, []))
             continue
-        for v in _occurrences(b.value):
+        for v in collector.occurrences(b):
             d = choice.get((v, b.var))
             if d is not None and d.take:
                 continue  # read through its mapping: the sources are read instead (below)
@@ -436,3 +500,386 @@ def _materialised(collector: Collector, choice: Dict[tuple, Decision]) -> set:
             if e.chosen:
                 live.update(e.source_vars)
     return {v for v in live if v in collector.movement_vars}
+
+
+# -- the memory constraint ----------------------------------------------------------------------
+MAX_TAKE_BACKS = 8   # walks the memory constraint may take (each walks the module again, no lowering)
+MAX_EVALUATED = 24   # groups it may predict without walking, in all
+
+
+class _MemoryFit:
+    """Memory as a constraint of the plan (``memory_guard``) and as its objective.
+
+    At each fixed point, every function's planned bytes are predicted (:mod:`vtc_tvm.memory`:
+    TVM's own fusion and planner algorithm on the records the plan leads to, :func:`_records`)
+    and compared with stock's. While the plan's exceed stock's, a group of decisions that keep
+    tensors alive past their last reader in stock (:func:`_groups`: virtual tensors read through
+    those tensors, movement results copied straight from them) is taken back: its tensors stay
+    materialised, as stock computes them. Which group: in the order of :func:`_groups` (the
+    least time saved per byte kept alive first), the first whose take-back is predicted without
+    walking (``_records(..., more_physical=...)``) to lower the planned bytes; the plan is then
+    walked, solved and predicted exactly, and kept only if its prediction went down (else the
+    next group is tried from the kept plan). Store destinations allocated by their first
+    producer are tried the same way, without a walk. Deterministic (ties by node id); at most
+    :data:`MAX_TAKE_BACKS` walks and :data:`MAX_EVALUATED` predicted groups, then every group at
+    once; if even that does not fit, the module is left as it is (``Plan.unchanged``).
+    ``objective="memory"`` goes on while the prediction goes down."""
+
+    def __init__(self, guard: bool, minimise: bool):
+        self.guard, self.minimise = guard, minimise
+        self.stock: Optional[list] = None
+        self.kept: Optional[Tuple[Plan, frozenset, list]] = None  # plan, its physical set, its bytes
+        self.ranked: Optional[List["_Group"]] = None
+        self.trial: Optional["_Group"] = None
+        self.tried: set = set()
+        self.walks = 0
+        self.evaluated = 0
+        self.last_resort = False
+        self.no_store: set = set()
+        self.taken_back: Dict[relax.Var, str] = {}
+        self.predictions = 0
+
+    def _predict(self, p: Plan, collector: Collector, more_physical: frozenset = frozenset(),
+                 applied: Optional[set] = None) -> list:
+        self.predictions += 1
+        stayed = _materialised(collector, p.choice)
+        stores = p.store_side()
+        return [memory.predict(_records(collector, entry, p.choice, stayed, more_physical), stores, applied)
+                for entry in collector.functions]
+
+    def _over(self, now) -> bool:
+        return any(a is not None and b is not None and a > b for a, b in zip(now, self.stock))
+
+    def check(self, p: Plan, collector: Collector, physical: frozenset):
+        """``("done", plan)``, or ``("walk", physical set)`` to walk again with."""
+        if not (self.guard or self.minimise):
+            return "done", p
+        if self.stock is None:
+            self.stock = [memory.predict(memory.kernels_of(f, collector.mod)) for f, _ in collector.functions]
+        self.applied = set()  # store destinations the store side rewrites in this plan
+        now = self._predict(p, collector, applied=self.applied)
+        if self.kept is None or _total(now) < _total(self.kept[2]):
+            if self.trial is not None:
+                for var in self.trial.vars:
+                    self.taken_back[var] = self.trial.why
+            self.kept = (p, physical, self._stores(p, collector, now))
+            self.ranked = None
+        elif self.trial is not None:
+            self.tried.add(self.trial.vars)
+        self.trial = None
+        p, physical, now = self.kept
+        if not self._over(now) and not self.minimise:
+            return "done", self._finish(p)
+        if self.ranked is None:
+            self.ranked = _groups(p, collector, physical)
+        while self.ranked and self.walks < MAX_TAKE_BACKS and self.evaluated < MAX_EVALUATED:
+            group = self.ranked.pop(0)
+            if group.vars in self.tried or group.vars <= physical:
+                continue
+            # Predicted first without walking: only a group that lowers the bytes is walked.
+            self.evaluated += 1
+            if _total(self._predict(p, collector, group.vars)) >= _total(now):
+                continue
+            group.why = (f"the plan was predicted to plan {_total(now)} B against stock's {_total(self.stock)} B"
+                         if self._over(now) else "less memory without it (objective \"memory\")")
+            return self._walk(group, physical, collector)
+        if self._over(now) and self.guard and not self.last_resort:
+            self.last_resort = True  # every group of the kept plan at once
+            every = frozenset(v for g in _groups(p, collector, physical) for v in g.vars)
+            if not every <= physical:
+                return self._walk(_Group(every, 0.0, 1, 0, "no single group was enough: every decision that "
+                                                         "keeps tensors alive past stock is taken back"), physical,
+                                  collector)
+        if self._over(now) and self.guard:
+            p.unchanged = True
+        return "done", self._finish(p)
+
+    def _walk(self, group: "_Group", physical: frozenset, collector: Collector):
+        self.walks += 1
+        self.trial = group
+        # What the group's tensors read to be computed stays too: physical at once, so that the
+        # walk is (usually) a fixed point already.
+        return "walk", physical | frozenset(_computed_with(collector, group.vars))
+
+    def _stores(self, p: Plan, collector: Collector, now: list) -> list:
+        """Store destinations allocated by their first producer: each one tried (no walk)."""
+        for var, edges in _store_units(p):
+            if not (self._over(now) or self.minimise):
+                break
+            if var in self.no_store or var.name not in self.applied:
+                continue  # (where the store side does not apply, the choice changes nothing)
+            saved = [(e, e.chosen, e.reason) for e in edges]
+            for e in edges:
+                e.chosen = False
+                e.reason = "taken back by the memory constraint: the producer keeps its own buffer"
+            trial = self._predict(p, collector)
+            if _total(trial) < _total(now):
+                self.no_store.add(var)
+                self.taken_back[var] = "the producers keep their own buffers"
+                now = trial
+            else:
+                for e, chosen, reason in saved:
+                    e.chosen, e.reason = chosen, reason
+        return now
+
+    def _finish(self, p: Plan) -> Plan:
+        if self.stock is not None:
+            m = p.summary.setdefault("memory", {})
+            planned = self.stock if p.unchanged else self.kept[2] if self.kept else None
+            m.update(stock_bytes=self.stock, planned_bytes=planned,
+                     taken_back=[v.name for v in self.taken_back], walks=self.walks, predictions=self.predictions)
+            if p.unchanged:
+                m["unchanged"] = "no plan tried is predicted to plan at most stock's memory"
+        return p
+
+
+def _total(values) -> int:
+    return sum(v for v in values if v is not None)
+
+
+def _store_units(p: Plan) -> List[Tuple[relax.Var, List[Edge]]]:
+    """Concats with chosen store edges, whose first producer allocates them before the others
+    run (the destination then holds more than that producer's output until the last one)."""
+    by_dst: Dict[int, List[Edge]] = {}
+    for e in p.graph.edges:
+        if e.chosen and e.kind == "store" and e.consumer is not None:
+            by_dst.setdefault(e.dst, []).append(e)
+    return [(p.graph.nodes[d].var, edges) for d, edges in sorted(by_dst.items()) if len(edges) > 1]
+
+
+@dataclass
+class _Group:
+    """Decisions that keep the same tensors alive past their last reader in stock: the movement
+    results (``vars``) that would stay materialised, as stock computes them, to take them back."""
+
+    vars: frozenset
+    value: float     # predicted time they save
+    extends: int     # bytes x bindings they keep alive beyond stock (a ranking)
+    first: int       # lowest node id (ties)
+    why: str = ""
+
+
+def _groups(p: Plan, collector: Collector, physical) -> List[_Group]:
+    """The groups of :class:`_Group` of ``p``, least valuable per byte kept alive first.
+
+    A decision keeps a planned tensor ``s`` alive when something reads ``s`` after its last
+    reader in stock: a consumer reading a virtual tensor through its mapping (taken back by
+    materialising that virtual tensor), or a movement result copied straight from ``s`` through
+    a virtual input (taken back by materialising that input). Decisions sharing such a tensor
+    form one group: taking back only some of them would keep it alive anyway."""
+    graph = p.graph
+    stayed = _materialised(collector, p.choice)
+    position, last_read = {}, {}
+    for func, bindings in collector.functions:
+        for i, (b, _) in enumerate(bindings):
+            position[b.var] = i
+            for v in relax.analysis.free_vars(b.value):
+                last_read[v] = i
+        for v in relax.analysis.free_vars(func.body.body):
+            last_read[v] = len(bindings)  # returned: never planned
+
+    decisions = []  # (var to materialise, value, {extended source: until})
+
+    def extended(sources, end) -> dict:
+        return {s: end for s in set(sources) if s in position and last_read.get(s, end) < end}
+
+    loads: Dict[int, List[Edge]] = {}
+    for e in graph.edges:
+        if e.chosen and e.kind == "load" and e.cost is not None:
+            loads.setdefault(e.src, []).append(e)
+    for src, edges in loads.items():
+        end = max(position.get(e.consumer_var, -1) for e in edges)
+        decisions.append((graph.nodes[src].var, sum(e.cost.gain_us for e in edges),
+                          extended([s for e in edges for s in e.source_vars], end)))
+    for m in collector.copies:
+        if m not in stayed:
+            continue
+        ext = extended(collector.kept_reads.get(m, ()), position.get(m, -1))
+        for v in relax.analysis.free_vars(collector.binding_of[m].value):
+            if v in collector.movement_vars and v not in physical and isinstance(v.ty, relax.TensorType):
+                decisions.append((v, copy_saving(_bytes(v), collector.target), ext))
+    # (Decisions that keep no planned tensor alive can still change fusion: each its own group.)
+    decisions = [d for d in decisions if d[0] not in physical]
+    # Union-find over the tensors kept alive.
+    parent = list(range(len(decisions)))
+
+    def find(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    owner: Dict[relax.Var, int] = {}
+    for i, (_, _, ext) in enumerate(decisions):
+        for s in ext:
+            if s in owner:
+                parent[find(i)] = find(owner[s])
+            else:
+                owner[s] = i
+    members: Dict[int, List[int]] = {}
+    for i in range(len(decisions)):
+        members.setdefault(find(i), []).append(i)
+    # A split is computed whole (one kernel, as stock): the parts of one go together.
+    parts: Dict[relax.Var, List[relax.Var]] = {}
+    for b in collector.bindings:
+        if isinstance(b.value, relax.TupleGetItem) and b.var in collector.movement_vars:
+            parts.setdefault(b.value.tuple_value, []).append(b.var)
+    groups = []
+    for idx in members.values():
+        vars_ = {decisions[i][0] for i in idx}
+        for v in list(vars_):
+            value = collector.binding_of[v].value if v in collector.binding_of else None
+            if isinstance(value, relax.TupleGetItem):
+                vars_.update(parts.get(value.tuple_value, ()))
+        vars_ = frozenset(vars_)
+        until: Dict[relax.Var, int] = {}
+        for i in idx:
+            for s, end in decisions[i][2].items():
+                until[s] = max(until.get(s, end), end)
+        value = sum({decisions[i][0]: decisions[i][1] for i in idx}.values())
+        area = sum(_bytes(s) * (end - last_read.get(s, end)) for s, end in until.items())
+        first = min(graph.by_var[v].id if v in graph.by_var else len(graph.nodes) + position.get(v, 0) for v in vars_)
+        groups.append(_Group(vars_, value, area, first))
+    groups.sort(key=lambda g: (g.extends <= 0, g.value / max(g.extends, 1), g.first))
+    return groups
+
+
+def _bytes(var) -> int:
+    sizes = memory.var_bytes(var)
+    return sum(n for n, _ in sizes) if sizes else 0
+
+
+_COPY_PATTERNS: Dict[int, int] = {}
+
+
+def _copy_pattern(mapping) -> int:
+    key = mapping_key(mapping)
+    if key not in _COPY_PATTERNS:
+        _COPY_PATTERNS[key] = op_pattern(mapping.to_prim_func("vtc_copy"))
+    return _COPY_PATTERNS[key]
+
+
+def _records(collector: Collector, entry, choice: Dict[tuple, Decision], stayed: set,
+             more_physical: frozenset = frozenset()) -> memory.Function:
+    """The records (:class:`vtc_tvm.memory.Kernel`) of one function as the emitter would write
+    it under ``choice``: dead movement results gone, materialised ones computed (by a direct
+    copy from their sources where composition reached past their inputs), rewritten consumers
+    reading the virtual tensors' sources and hoisted to just after their last input (as
+    :func:`vtc_tvm.transform._hoist` does).
+
+    ``more_physical``: as if these virtual tensors were materialised too (what a walk with them
+    physical would give, without walking): their consumers read them, and what composed
+    through one of them reads it instead of its sources."""
+    func, bindings = entry
+    kernels: List[memory.Kernel] = []
+    rewritten = set()
+    through = _Through(collector, more_physical)
+    if more_physical:
+        stayed = set(stayed) | _computed_with(collector, more_physical)
+    for b, dataflow in bindings:
+        var, value = b.var, b.value
+        if var in collector.updated:
+            update, pattern = collector.updated[var]
+            kernels.append(memory.kernel_of(var, update, None, dataflow, pattern=pattern))
+        elif var in collector.movement_vars:
+            if var not in stayed:
+                continue  # no reader left: dead code
+            if var in collector.copies:
+                kernels.append(memory.Kernel(var, tuple(through(var, collector.kept_reads[var])),
+                                             _copy_pattern(collector.copies[var]), dataflow=dataflow,
+                                             name="vtc_copy"))
+            else:
+                kernels.append(collector.record(b, dataflow))
+        elif isinstance(b, relax.MatchCast):
+            kernels.append(collector.record(b, dataflow))
+        else:
+            taken = [e for e in collector.edges_into.get(var, ())
+                     if e.arg not in more_physical and (choice.get((e.arg, var)) or Decision(False, "")).take]
+            if taken and isinstance(value, relax.Call):
+                via = {e.arg: e for e in taken}
+                reads = []
+                for a in collector.record(b, dataflow).reads:
+                    reads += through(a, via[a].source_vars) if a in via else [a]
+                pattern = taken[-1].fused_after if taken[-1].fused_after is not None else OPAQUE
+                kernels.append(memory.Kernel(var, tuple(reads), pattern, dataflow=dataflow, name=f"{_op_name(value)}_vtc"))
+                rewritten.add(var)
+            else:
+                kernels.append(collector.record(b, dataflow))
+    if more_physical:
+        kernels = _dead_movement_removed(kernels, collector, list(relax.analysis.free_vars(func.body.body)))
+    return memory.Function(_hoisted(kernels, rewritten), list(relax.analysis.free_vars(func.body.body)),
+                           list(func.params))
+
+
+def _computed_with(collector: Collector, tensors) -> set:
+    """The movement results computed to compute ``tensors`` (a reshape-like op reads its
+    input, which then stays too; a direct copy reads physical sources)."""
+    found, todo = set(), list(tensors)
+    while todo:
+        v = todo.pop()
+        if v in collector.movement_vars and v not in found:
+            found.add(v)
+            todo += collector.kept_reads.get(v, ())
+    return found
+
+
+class _Through:
+    """Reads of a tensor composed through a movement result that is made physical: that
+    result instead of the sources it composes to."""
+
+    def __init__(self, collector: Collector, physical: frozenset):
+        self.collector, self.physical = collector, physical
+        self.memo: Dict[relax.Var, frozenset] = {}
+
+    def ancestors(self, var) -> frozenset:
+        """Movement results ``var`` composes through (not past a physical one)."""
+        if var not in self.memo:
+            self.memo[var] = frozenset()  # (cycles cannot happen; guards recursion anyway)
+            found = set()
+            value = self.collector.binding_of[var].value if var in self.collector.binding_of else None
+            for v in (relax.analysis.free_vars(value) if value is not None else ()):
+                if v in self.collector.movement_vars and v not in self.collector.physical:
+                    found.add(v)
+                    if v not in self.physical:
+                        found |= self.ancestors(v)
+            self.memo[var] = frozenset(found)
+        return self.memo[var]
+
+    def __call__(self, var, reads) -> list:
+        reads = list(reads)
+        if not self.physical:
+            return reads
+        for v in sorted(self.ancestors(var) & self.physical, key=lambda v: v.name):
+            via = set(self.collector.sources.get(v, ()))
+            if via & set(reads):
+                reads = [r for r in reads if r not in via] + [v]
+        return reads
+
+
+def _dead_movement_removed(kernels: List[memory.Kernel], collector: Collector, outputs) -> List[memory.Kernel]:
+    """Movement records nothing reads any more (dead code elimination)."""
+    live = set(outputs)
+    keep = []
+    for k in reversed(kernels):
+        if k.var in collector.movement_vars and k.var not in live and k.var not in collector.updated:
+            continue
+        keep.append(k)
+        live.update(k.reads if k.alias is None else relax.analysis.free_vars(k.alias))
+    return keep[::-1]
+
+
+def _hoisted(kernels: List[memory.Kernel], rewritten: set) -> List[memory.Kernel]:
+    """:func:`vtc_tvm.transform._hoist` on records: each rewritten consumer moves up to just
+    after the last record it reads (within its dataflow block; a ``match_cast`` stays above)."""
+    out: List[memory.Kernel] = []
+    start = 0
+    for k in kernels:
+        if out and out[-1].dataflow != k.dataflow:
+            start = len(out)
+        at = len(out)
+        if k.var in rewritten and k.dataflow:
+            reads = set(k.reads)
+            at = max((i + 1 for i in range(start, len(out))
+                      if out[i].var in reads or out[i].alias is not None and out[i].match_cast), default=start)
+        out.insert(at, k)
+    return out

@@ -129,11 +129,14 @@ def VirtualTensorize(
         the rewritten consumer, see :mod:`vtc_tvm.profile`) and take it only if it is not
         slower. Needs the device; costs a kernel build per distinct edge.
     memory_guard : bool
-        Never plan more intermediate memory than stock TVM: a constraint of the plan (the sum
-        of the chosen edges' predicted memory changes is <= 0; :mod:`vtc_tvm.cost`). No
-        lowering happens inside the pass.
+        Never plan more intermediate memory than stock TVM: a constraint of the plan. The
+        bytes TVM's static planner will plan are predicted for stock and for the plan
+        (:mod:`vtc_tvm.memory`); decisions that cost memory are taken back until the plan's
+        are at most stock's (if none fits, the module is returned unchanged). No lowering
+        happens inside the pass.
     objective : "latency" (default) or "memory"
-        What the plan optimises: predicted time saved, or the least memory that is not slower.
+        What the plan optimises: predicted time saved, or the least memory that is not slower
+        (also taking back what the planned-bytes prediction says costs memory).
     profile_db : path, optional
         Where ``profile=True`` keeps its measurements (default ``~/.cache/vtc_tvm/profile.json``;
         see :class:`vtc_tvm.profile.ProfileDB`).
@@ -162,6 +165,11 @@ def VirtualTensorize(
                 raise ValueError("VirtualTensorize(profile=True) needs a target")
             profiler = EdgeProfiler(tgt, db=profile_db)
         chosen = make_plan(mod, tgt, strategy, ops, inplace, profiler or False, memory_guard, objective)
+        if chosen.unchanged:  # no plan is predicted to plan at most stock's memory
+            logger.info("module left as it is: %s", chosen.summary["memory"]["unchanged"])
+            if report is not None:
+                report.extend(chosen.rows)
+            return mod
         out = relax.transform.DeadCodeElimination()(
             _Emitter(mod, chosen, None if ops is None else set(ops), tgt, inplace).transform())
         stores = chosen.store_side()
