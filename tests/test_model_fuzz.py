@@ -96,3 +96,23 @@ def test_block_parameters_are_tensors_defining_their_symbols():
     assert str(param.ty.shape.values[0]) == "N", param.ty
     names = [b.value.op.name for b in block["main"].body.blocks[0].bindings[:3]]
     assert names == ["relax.reshape", "relax.permute_dims", "relax.reshape"], names
+
+
+def test_a_child_that_dies_or_hangs_is_that_case_crash(monkeypatch):
+    """The campaign's fork harness: a segfault of a generated kernel, or a hang, is reported as
+    the case's crash (with the signal), and the campaign goes on."""
+    import signal
+    import time
+
+    from . import model_fuzz
+
+    case = ModelCase("shufflenet_unit", 0)
+    monkeypatch.setattr(model_fuzz, "outcome", lambda c: os.kill(os.getpid(), signal.SIGSEGV))
+    res = model_fuzz.outcome_in_child(case, timeout_s=60)
+    assert (res["status"], res["signature"]) == ("crash", "crash:signal 11"), res
+    monkeypatch.setattr(model_fuzz, "outcome", lambda c: time.sleep(60))
+    t0 = time.time()
+    res = model_fuzz.outcome_in_child(case, timeout_s=1)
+    assert (res["status"], res["signature"]) == ("crash", "crash:timeout") and time.time() - t0 < 30, res
+    monkeypatch.setattr(model_fuzz, "outcome", lambda c: {"status": "passed", "detail": str(c.seed), "signature": ""})
+    assert model_fuzz.outcome_in_child(case)["detail"] == "0"
