@@ -35,6 +35,10 @@ BLOCK_CASES = [
               strategy="all", rate=1.0, sizes=({"N": 2}, {"N": 1}, {"N": 3}), limit=4, block=(11, 4)),
     # starts at a TupleGetItem of the split: the window grows back to the split
     ModelCase("yolo_c3k2", 10, weights="mixed", entry="vt_default", strategy="all", rate=1.0, limit=4, block=(5, 6)),
+    # the first block campaign's crash (seed 100449, shrunk): a gather sandwich on a split half
+    # concatenated with the other half's relu; the store side left the gathered half as a copy
+    # kernel without the index tensors it reads (graph form: tests/regressions/case_storegather.py)
+    ModelCase("shufflenet_v2", 100449, weights="inputs", entry="vtc_pipeline", rate=0.6, limit=1, block=(23, 10)),
     # attention of a decoder layer: scores, mask, a concat, the GQA expand + broadcast, softmax, reshape
     ModelCase("llama_prefill", 102, weights="initializers", entry="vtc_pipeline", strategy="all", rate=0.6,
               limit=4, block=(36, 10)),
