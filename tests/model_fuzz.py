@@ -8,30 +8,39 @@ forms (``WEIGHT_FORMS``) with the same seeded random weights (He-scaled, so acti
 their size through deep ReLU stacks).
 
 Part 2, the fuzzer: a :class:`ModelCase` (a model, a seed and the mutations the seed draws) is
-a real model with
+a real model, or a *block* of it, with
 
+0. the block: a window of 2-10 consecutive bindings of ``main`` (9 cases in 10; half of the
+   windows around one of the model's own movement ops), cut out as a function of what it reads
+   (:func:`extract_block`): the model's real ops, attributes, weights and shapes, a few
+   kernels instead of dozens, so a case costs about a second instead of ten to sixty;
 1. identity *sandwiches* of data-movement ops inserted after random bindings of ``main``:
    transpose + inverse transpose, reshape + reshape back, concat-then-slice, slices-then-concat,
    gather by a permutation + gather by its inverse, pad-then-slice, expand-then-slice, flip twice.
    The values are unchanged, so stock TVM on the same module is the oracle, while the movement
    ops compose with the model's own (a shuffle's reshape/transpose) and feed its real consumers;
 2. the batch made symbolic (ONNX ``dim_param``; reshape targets that name the batch copy it);
-3. weights as inputs, initializers or bound with ``BindParams``;
+3. weights as inputs, initializers, bound with ``BindParams``, or a random half bound;
 4. ``LegalizeOps`` run first (a module of ``call_tir``) or not;
 5. the entry point: the ``"vtc"`` pipeline, ``VirtualTensorize`` then the default pipeline, or
    ``VirtualTensorize`` then ``store_side_pipeline``; strategy ``contiguity`` or ``all``.
 
 Stock TVM (default pipeline) and the vtc build run on the same fresh random inputs (every
-batch size of a symbolic case from one compiled module); outputs must agree to a relative L2
-error of ``REL_L2`` (fp32). A case stock TVM cannot build is discarded. Campaign::
+batch size of a symbolic case from one compiled module), both on ``FUZZ_TARGET`` (LLVM -O0);
+outputs must agree to a relative L2 error of ``REL_L2`` (fp32). A case stock TVM cannot build
+is discarded. Campaign::
 
-    python -m tests.model_fuzz --cases 40 --seed 1 [--minutes 10]
+    python -m tests.model_fuzz --cases 1000 --seed 1 [--minutes 10] [--quiet] [--whole]
 
-prints one line per case and the counts (cases, discarded, passed, mismatches, crashes).
+imports TVM once, then runs each case in a forked child (:func:`outcome_in_child`: a segfault
+or a hang is that case's crash), prints one line per case (``--quiet``: failures and a line
+per 100 cases) and the counts (cases, discarded, passed, mismatches, crashes); a failure is
+shrunk (:func:`shrink`) and printed as a ``ModelCase(...)`` that replays it.
 Limits: 1. mutations are identity sandwiches only (the model's own ops are not changed);
 2. a symbolic batch reaches only models whose reshapes keep the batch as their first dim
-(others are discarded by stock TVM's failure); 3. LLVM only (CUDA codegen is covered by
-tests/test_real_models.py).
+(others, the decoder layers' ``Expand``, are discarded by TVM's importer); 3. LLVM only (CUDA
+codegen is covered by tests/test_real_models.py); 4. a block's inputs are random normal
+tensors, not the values the model's prefix would give them.
 """
 
 from __future__ import annotations
@@ -40,7 +49,10 @@ import argparse
 import dataclasses
 import functools
 import glob
+import json
 import os
+import select
+import signal
 import sys
 import time
 from typing import List, Optional
@@ -58,11 +70,16 @@ from vtc_tvm.pipeline import store_side_pipeline
 ONNX_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "onnx")
 MODELS = sorted(os.path.basename(p)[: -len("_small.onnx")] for p in glob.glob(os.path.join(ONNX_DIR, "*_small.onnx")))
 WEIGHT_FORMS = ("inputs", "initializers", "bind")
+FUZZ_WEIGHT_FORMS = WEIGHT_FORMS + ("mixed",)   # mixed: a random half bound, the rest inputs
 ENTRY_POINTS = ("vtc_pipeline", "vt_default", "vt_stores")
 SANDWICHES = ("transpose", "reshape", "concat_slice", "slices_concat", "gather", "pad_slice", "expand_slice",
               "flip")
 REL_L2 = 1e-5
 LLVM = tvm.target.Target("llvm")
+# The fuzzer's target, on both sides: LLVM without its IR optimizer. The comparison is of
+# vtc-tvm's rewrite, not of LLVM's passes, and -O0 makes the IR codegen of a small model ~5x
+# cheaper (shufflenet_unit: 0.2 s vs 1.4 s), which is most of a case's time.
+FUZZ_TARGET = tvm.target.Target({"kind": "llvm", "opt-level": 0})
 
 
 def is_weight(name: str) -> bool:
@@ -139,9 +156,10 @@ def load_model(name: str, weights: str = "initializers", seed: int = 0, batch_sy
 
     * ``"inputs"``: parameters of ``main`` (as shipped; ``weight_arrays`` go after the activations),
     * ``"initializers"``: ONNX initializers, so Relax constants (what ``from_onnx(model)`` gives),
-    * ``"bind"``: parameters bound with ``relax.transform.BindParams`` (constants too).
+    * ``"bind"``: parameters bound with ``relax.transform.BindParams`` (constants too),
+    * ``"mixed"``: a random half of them bound (seeded), the rest parameters.
 
-    ``weight_arrays`` is ``{}`` unless the weights stay inputs."""
+    ``weight_arrays`` holds the weights that stay inputs."""
     model = onnx_file(name)
     if batch_symbolic:
         model = symbolic_batch(model)
@@ -149,26 +167,40 @@ def load_model(name: str, weights: str = "initializers", seed: int = 0, batch_sy
     if weights == "initializers":
         return load_onnx(with_initializers(model, w)), {}
     mod = load_onnx(model)
-    if weights == "bind":
-        mod = relax.transform.BindParams("main", {n: tvm.runtime.tensor(a) for n, a in w.items()})(mod)
-        return mod, {}
+    if weights in ("bind", "mixed"):
+        names = sorted(w)
+        if weights == "mixed":
+            pick = np.random.default_rng([seed, 5]).random(len(names)) < 0.5
+            names = [n for n, p in zip(names, pick) if p]
+        mod = relax.transform.BindParams("main", {n: tvm.runtime.tensor(w[n]) for n in names})(mod)
+        return mod, {n: a for n, a in w.items() if n not in names}
     if weights != "inputs":
         raise ValueError(f"weights must be one of {WEIGHT_FORMS}, not {weights!r}")
     return mod, w
 
 
 def activations(mod: tvm.IRModule, weight_arrays: dict, seed: int, sizes: Optional[dict] = None) -> List[np.ndarray]:
-    """Fresh random arguments for ``main``: standard normal activations (symbolic dims from
-    ``sizes`` by name), then the given weights by parameter name."""
+    """Fresh random arguments for ``main``: standard normal activations (symbolic dims, or
+    expressions of them such as a block's ``N * 2``, from ``sizes`` by name), then the given
+    weights by parameter name."""
     rng = np.random.default_rng([seed, 11])
     args = []
     for p in mod["main"].params:
         if p.name in weight_arrays:
             args.append(weight_arrays[p.name])
             continue
-        shape = [int(d) if isinstance(d, tvm.tirx.IntImm) else int(sizes[d.name]) for d in p.ty.shape.values]
+        shape = [_concrete(d, sizes) for d in p.ty.shape.values]
         args.append(rng.standard_normal(shape).astype(str(p.ty.dtype)))
     return args
+
+
+def _concrete(dim, sizes: Optional[dict]) -> int:
+    if isinstance(dim, tvm.tirx.IntImm):
+        return int(dim)
+    ana = tvm.sym.Analyzer()
+    for v in tvm.tirx.analysis.undefined_vars(dim):
+        ana.bind(v, int(sizes[v.name]))
+    return int(ana.simplify(dim))
 
 
 # -- entry points ----------------------------------------------------------------------------------
@@ -196,15 +228,24 @@ def run(ex, args) -> List[np.ndarray]:
     return run_vm(ex, tvm.cpu(), args)
 
 
-def relative_l2(got, want) -> float:
+def relative_l2(got, want, same_nonfinite: bool = False) -> float:
     """The worst relative L2 error over the outputs (inf on a shape/dtype mismatch, 0 for two
-    zero tensors)."""
+    zero tensors). A NaN or inf is an error (inf), or with ``same_nonfinite`` only where the
+    other side has not the same one (a block's random inputs can be negative where the model
+    would give it a sum of squares: sqrt gives NaN on both sides); the error is then over the
+    finite elements."""
     worst = 0.0
     if len(got) != len(want):
         return float("inf")
     for g, w in zip(got, want):
-        if g.shape != w.shape or g.dtype != w.dtype or not np.isfinite(g).all() or not np.isfinite(w).all():
+        if g.shape != w.shape or g.dtype != w.dtype:
             return float("inf")
+        if not np.isfinite(g).all() or not np.isfinite(w).all():
+            finite = np.isfinite(w)
+            if not same_nonfinite or not np.array_equal(g[~finite], w[~finite], equal_nan=True) \
+                    or not np.isfinite(g[finite]).all():
+                return float("inf")
+            g, w = g[finite], w[finite]
         diff = float(np.linalg.norm((g - w).astype("float64")))
         norm = float(np.linalg.norm(w.astype("float64")))
         worst = max(worst, diff / norm if norm else (0.0 if diff == 0 else float("inf")))
@@ -304,10 +345,103 @@ def insert_sandwiches(mod: tvm.IRModule, rng, rate: float, kinds=SANDWICHES, lim
     return relax.transform.Normalize()(m.builder_.finalize()), m.inserted
 
 
+@relax.expr_functor.mutator
+class _Cutter(relax.PyExprMutator):
+    """Re-emits a window of ``main``'s bindings as a function of the values it reads."""
+
+    def cut(self, bindings, free, outputs, name="main"):
+        bb = self.builder_
+        params = [relax.Var(v.name, v.ty) for v in free]
+        for v, p in zip(free, params):
+            self.set_var_remap(v, p)
+        with bb.function(name, params):
+            with bb.dataflow():
+                for b in bindings:
+                    value = self.visit_expr(b.value)
+                    if isinstance(b, relax.MatchCast):
+                        new = bb.match_cast(value, b.struct_info, b.var.name)
+                    else:
+                        new = bb.emit(value, b.var.name)
+                    self.set_var_remap(b.var, new)
+                outs = [bb.emit_output(self.get_var_remap(v)) for v in outputs]
+            bb.emit_func_output(outs[0] if len(outs) == 1 else relax.Tuple(outs))
+        return bb.finalize()[name]
+
+
+def _defines_its_symbols(params) -> bool:
+    """Every symbolic variable a parameter's shape uses is some parameter's bare dim (Relax
+    can only read a symbol off a dimension that is exactly the symbol)."""
+    bare, used = set(), set()
+    for p in params:
+        if not isinstance(p.ty, relax.TensorType) or p.ty.shape is None:
+            continue
+        for d in p.ty.shape.values:
+            if isinstance(d, tvm.tirx.Var):
+                bare.add(d.name)
+            used.update(v.name for v in tvm.tirx.analysis.undefined_vars(d))
+    return used <= bare
+
+
+def extract_block(mod: tvm.IRModule, start: int, length: int) -> tvm.IRModule:
+    """``main`` cut to the bindings ``[start, start + length)`` of its dataflow block: a real
+    block of the model (its own ops, weights, constants and shapes), as a function of the
+    values it reads (``main``'s parameters, and earlier bindings as new parameters), returning
+    what the rest of the model reads from it (and its last binding).
+
+    The window grows backwards over what a parameter cannot be (a tuple, a shape, an integer
+    tensor: random inputs would not be valid indices) and until the parameters define every
+    symbolic dim they use; at ``start = 0`` every value read is a parameter of ``main``."""
+    func = mod["main"]
+    blocks = func.body.blocks
+    if len(blocks) != 1 or not isinstance(blocks[0], relax.DataflowBlock):
+        raise ValueError("extract_block needs main with one dataflow block")
+    bindings = list(blocks[0].bindings)
+    start = max(0, min(start, len(bindings) - 1))
+    end = min(len(bindings), start + max(1, length))
+    main_params = list(func.params)
+
+    def is_param(v):
+        return any(v.same_as(p) for p in main_params)
+
+    while True:
+        window = bindings[start:end]
+        defined = [b.var for b in window]
+        free, seen = [], set()
+        for b in window:
+            symbols = relax.analysis.free_symbolic_vars(b.value)
+            for v in relax.analysis.free_vars(b.value):
+                if any(v.same_as(s) for s in symbols):  # a symbolic dim: a parameter's shape defines it
+                    continue
+                if any(v.same_as(d) for d in defined) or any(v.same_as(f) for f in free):
+                    continue
+                free.append(v)
+        bad = [v for v in free if not is_param(v) and not (
+            isinstance(v.ty, relax.TensorType) and str(v.ty.dtype).startswith("float"))]
+        if start > 0 and (bad or not _defines_its_symbols(free)):
+            start -= 1
+            continue
+        break
+    later = bindings[end:]
+    used_later = []
+    for b in later:
+        used_later.extend(relax.analysis.free_vars(b.value))
+    used_later.extend(relax.analysis.free_vars(func.body.body))
+    outputs = [v for v in defined if any(v.same_as(u) for u in used_later)]
+    if not any(defined[-1].same_as(o) for o in outputs):
+        outputs.append(defined[-1])
+    # main's parameters first, in their order (a weight keeps its name: its array is passed by name)
+    free.sort(key=lambda v: next((k for k, p in enumerate(main_params) if v.same_as(p)), len(main_params)))
+    new_main = _Cutter().cut(window, free, outputs)
+    out = tvm.IRModule({gv: f for gv, f in mod.functions.items() if gv.name_hint != "main"})
+    out["main"] = new_main
+    return relax.transform.Normalize()(out)
+
+
 @dataclasses.dataclass
 class ModelCase:
     """One model-level fuzz case; everything but ``model`` and ``seed`` is drawn from the seed
-    by :meth:`draw` (``dataclasses.replace`` pins a choice)."""
+    by :meth:`draw` (``dataclasses.replace`` pins a choice). ``block = (start, length)`` cuts
+    ``main`` to that window of its bindings (:func:`extract_block`); ``()`` is the whole model."""
 
     model: str
     seed: int
@@ -319,28 +453,74 @@ class ModelCase:
     rate: float = 0.3
     sizes: tuple = ()
     limit: int = 12        # most sandwiches inserted
+    block: tuple = ()
 
     @classmethod
-    def draw(cls, seed: int, models=None) -> "ModelCase":
+    def draw(cls, seed: int, models=None, whole: bool = False) -> "ModelCase":
+        """The case of ``seed``. ``whole`` draws the cases of the first campaigns (whole models,
+        three weight forms); otherwise a second stream draws the window (whole model 1 in 10,
+        else 2-10 bindings, half of the time around one of the model's own movement ops), the
+        mixed weight form, and a sandwich rate for the window's size."""
         rng = np.random.default_rng([seed, 1])
         models = list(models or MODELS)
         model = str(models[rng.integers(len(models))])
         sym = bool(rng.random() < 0.3)
         batch = _dims(next(i for i in onnx_file(model).graph.input if not is_weight(i.name)))[0]
-        return cls(model=model, seed=seed,
+        case = cls(model=model, seed=seed,
                    weights=str(rng.choice(WEIGHT_FORMS)), batch_symbolic=sym,
                    legalize_first=bool(rng.random() < 0.35), entry=str(rng.choice(ENTRY_POINTS)),
                    strategy=str(rng.choice(["contiguity", "all"])), rate=float(rng.choice([0.15, 0.3, 0.6])),
                    sizes=({"N": batch}, {"N": 1}, {"N": 3}) if sym else ())
+        if whole:
+            return case
+        rng = np.random.default_rng([seed, 3])
+        if rng.random() < 0.25:
+            case.weights = "mixed"
+        if rng.random() < 0.1:
+            return dataclasses.replace(case, limit=6)
+        n = _binding_count(model)
+        length = int(rng.integers(2, 11))
+        moves = _movement_bindings(model)
+        if moves and rng.random() < 0.5:
+            start = int(moves[rng.integers(len(moves))]) - int(rng.integers(0, length))
+        else:
+            start = int(rng.integers(0, n))
+        start = max(0, min(start, n - 1))
+        return dataclasses.replace(case, block=(start, length), rate=float(rng.choice([0.3, 0.6, 1.0])), limit=4)
 
     def module(self):
         """``(mod, weight_arrays, sandwiches inserted)``."""
         mod, w = load_model(self.model, self.weights, self.seed, self.batch_symbolic)
+        if self.block:
+            mod = extract_block(mod, *self.block)
+            names = {p.name for p in mod["main"].params}
+            w = {n: a for n, a in w.items() if n in names}
         mod, kinds = insert_sandwiches(mod, np.random.default_rng([self.seed, 2]), self.rate, limit=self.limit)
         if self.legalize_first:
-            with LLVM:
+            with FUZZ_TARGET:
                 mod = relax.transform.LegalizeOps()(mod)
         return mod, w, kinds
+
+
+MOVEMENT_OPS = ("relax.permute_dims", "relax.reshape", "relax.strided_slice", "relax.concat", "relax.split",
+                "relax.expand_dims", "relax.broadcast_to", "relax.squeeze", "relax.take", "relax.flip")
+
+
+@functools.cache
+def _main_bindings(model: str):
+    """The ops of ``main``'s bindings, weights as inputs (the window is drawn on these; other
+    weight forms or a symbolic batch may import a few bindings fewer: extract_block clamps)."""
+    mod, _ = load_model(model, "inputs")
+    return tuple(b.value.op.name if isinstance(b.value, relax.Call) and hasattr(b.value.op, "name") else ""
+                 for b in mod["main"].body.blocks[0].bindings)
+
+
+def _binding_count(model: str) -> int:
+    return len(_main_bindings(model))
+
+
+def _movement_bindings(model: str) -> List[int]:
+    return [k for k, op in enumerate(_main_bindings(model)) if op in MOVEMENT_OPS]
 
 
 class Discard(Exception):
@@ -366,14 +546,114 @@ def check_model_case(case: ModelCase) -> dict:
         raise GeneratorError(f"{type(err).__name__}: {err}") from err
     sets = [activations(mod, w, case.seed + k, sz) for k, sz in enumerate(case.sizes or ({},))]
     try:
-        stock = build_stock(mod)
+        stock = build_stock(mod, FUZZ_TARGET)
         want = [run(stock, a) for a in sets]
     except Exception as err:  # noqa: BLE001
         raise Discard(f"{type(err).__name__}: {str(err).strip().splitlines()[-1:]}") from err
-    ex = build_vtc(mod, case.entry, strategy=case.strategy)
-    worst = max(relative_l2(run(ex, a), wa) for a, wa in zip(sets, want))
+    ex = build_vtc(mod, case.entry, FUZZ_TARGET, strategy=case.strategy)
+    worst = max(relative_l2(run(ex, a), wa, same_nonfinite=True) for a, wa in zip(sets, want))
     assert worst <= REL_L2, f"{case}: relative L2 error {worst:.3g} > {REL_L2} (sandwiches {kinds})"
     return {"rel_l2": worst, "sandwiches": kinds}
+
+
+def outcome(case: ModelCase) -> dict:
+    """``check_model_case`` as a record: ``{"status": passed | discarded | mismatch | crash |
+    generator_error, "detail", "signature"}`` (the signature groups one bug's failures)."""
+    try:
+        info = check_model_case(case)
+        return {"status": "passed", "detail": f"rel_l2={info['rel_l2']:.1e} sandwiches={len(info['sandwiches'])}",
+                "signature": ""}
+    except Discard as d:
+        return {"status": "discarded", "detail": f"stock: {d}", "signature": ""}
+    except GeneratorError as err:
+        return {"status": "generator_error", "detail": str(err), "signature": str(err).split(":")[0]}
+    except AssertionError as err:
+        return {"status": "mismatch", "detail": str(err), "signature": "mismatch"}
+    except Exception as err:  # noqa: BLE001
+        last = (str(err).strip().splitlines() or [""])[-1]
+        return {"status": "crash", "detail": f"{type(err).__name__}: {err}",
+                "signature": f"crash:{type(err).__name__}:{last[:120]}"}
+
+
+def outcome_in_child(case: ModelCase, timeout_s: float = 300.0) -> dict:
+    """:func:`outcome` in a forked child of this (already warm) process: each case starts from
+    the same state, and a segfault, abort or hang of a generated kernel is a crash of that
+    case, not the end of the campaign. The parent must not have run a VM (no TVM thread pool
+    to lose across the fork)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(r)
+        code = 0
+        try:
+            res = outcome(case)
+        except BaseException as err:  # noqa: BLE001 - reported, never raised across the fork
+            res = {"status": "crash", "detail": f"{type(err).__name__}: {err}", "signature": "crash:child"}
+            code = 1
+        with os.fdopen(w, "w") as f:
+            f.write(json.dumps(res))
+        os._exit(code)
+    os.close(w)
+    data, deadline = b"", time.time() + timeout_s
+    with os.fdopen(r, "rb") as f:
+        while True:
+            ready, _, _ = select.select([f], [], [], max(0.0, deadline - time.time()))
+            if not ready:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return {"status": "crash", "detail": f"timeout after {timeout_s:.0f}s", "signature": "crash:timeout"}
+            chunk = os.read(f.fileno(), 1 << 16)
+            if not chunk:
+                break
+            data += chunk
+    _, st = os.waitpid(pid, 0)
+    if data:
+        return json.loads(data)
+    how = f"signal {os.WTERMSIG(st)}" if os.WIFSIGNALED(st) else f"exit {os.WEXITSTATUS(st)}"
+    return {"status": "crash", "detail": f"child died ({how}) without a result", "signature": f"crash:{how}"}
+
+
+def shrink(case: ModelCase, result: dict, check=outcome_in_child, budget_s: float = 120.0):
+    """A smaller case with the same failure signature: fewer sandwiches, then a narrower
+    window, then the simpler settings (weights as inputs, no legalization, static batch).
+    Returns ``(case, result)``."""
+    t_end = time.time() + budget_s
+
+    def candidates(c):
+        yield from (dataclasses.replace(c, limit=k) for k in range(min(c.limit, 12)))
+        if c.block and c.block[1] > 1:
+            yield dataclasses.replace(c, block=(c.block[0] + 1, c.block[1] - 1))
+            yield dataclasses.replace(c, block=(c.block[0], c.block[1] - 1))
+        if c.weights != "inputs":
+            yield dataclasses.replace(c, weights="inputs")
+        if c.legalize_first:
+            yield dataclasses.replace(c, legalize_first=False)
+        if c.batch_symbolic:
+            yield dataclasses.replace(c, batch_symbolic=False, sizes=())
+
+    progress = True
+    while progress and time.time() < t_end:
+        progress = False
+        for cand in candidates(case):
+            if time.time() > t_end:
+                break
+            got = check(cand)
+            if got["status"] == result["status"] and got["signature"] == result["signature"]:
+                case, result, progress = cand, got, True
+                break
+    return case, result
+
+
+def _warm():
+    """Load what the first compile loads lazily (pipelines, importer, vtc modules), without a
+    VM: every forked case then starts warm."""
+    mod, _ = load_model("shufflenet_unit", "bind")
+    mod = extract_block(mod, 11, 4)
+    build_stock(mod, FUZZ_TARGET)
+    for entry in ENTRY_POINTS:
+        build_vtc(mod, entry, FUZZ_TARGET)
+    for m in MODELS:
+        _main_bindings(m)
 
 
 def main(argv=None) -> int:
@@ -382,40 +662,52 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0, help="first case seed (cases use seed, seed+1, ...)")
     ap.add_argument("--minutes", type=float, default=float("inf"))
     ap.add_argument("--models", nargs="*", default=None, help=f"subset of {MODELS}")
+    ap.add_argument("--whole", action="store_true", help="whole models only (the first campaigns' draw)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per case before it counts as a hang")
+    ap.add_argument("--no-fork", action="store_true", help="run the cases in this process (debugging)")
+    ap.add_argument("--no-shrink", action="store_true")
+    ap.add_argument("--quiet", action="store_true", help="print only failures and a progress line per 100 cases")
     args = ap.parse_args(argv)
-    t_end = time.time() + args.minutes * 60
-    counts = dict.fromkeys(("cases", "discarded", "passed", "mismatches", "crashes",
-                                "generator_errors"), 0)
-    failures = []
+    os.environ.setdefault("TVM_NUM_THREADS", "1")  # one core per campaign (read when a child's pool starts)
+    t_start = time.time()
+    t_end = t_start + args.minutes * 60
+    check = outcome if args.no_fork else (lambda c: outcome_in_child(c, args.timeout))
+    if not args.no_fork:
+        _warm()
+    names = {"passed": "passed", "discarded": "discarded", "mismatch": "mismatches", "crash": "crashes",
+             "generator_error": "generator_errors"}
+    counts = dict.fromkeys(("cases", "discarded", "passed", "mismatches", "crashes", "generator_errors"), 0)
+    failures, bugs = [], {}
     for s in range(args.seed, args.seed + args.cases):
         if time.time() > t_end:
             break
-        case = ModelCase.draw(s, args.models)
+        case = ModelCase.draw(s, args.models, whole=args.whole)
         counts["cases"] += 1
         t0 = time.time()
-        try:
-            info = check_model_case(case)
-            counts["passed"] += 1
-            status = f"ok rel_l2={info['rel_l2']:.1e} sandwiches={len(info['sandwiches'])}"
-        except Discard as d:
-            counts["discarded"] += 1
-            status = f"discarded (stock: {d})"
-        except GeneratorError as err:
-            counts["generator_errors"] += 1
-            failures.append((case, err))
-            status = f"GENERATOR ERROR {' '.join(str(err).split())[:300]}"
-        except AssertionError as err:
-            counts["mismatches"] += 1
-            failures.append((case, err))
-            status = f"MISMATCH {err}"
-        except Exception as err:  # noqa: BLE001
-            counts["crashes"] += 1
-            failures.append((case, err))
-            status = f"CRASH {type(err).__name__}: {' '.join(str(err).split())[:300]}"
-        print(f"[{time.time() - t0:5.1f}s] {case}: {status}", flush=True)
-    print("==== summary ====\n" + "  ".join(f"{k}={v}" for k, v in counts.items()))
-    for case, err in failures:
-        print(f"FAILED {case}: {type(err).__name__}: {' '.join(str(err).split())[:500]}")
+        res = check(case)
+        counts[names[res["status"]]] += 1
+        failed = res["status"] not in ("passed", "discarded")
+        if failed:
+            failures.append((case, res))
+        if failed or not args.quiet:
+            print(f"[{time.time() - t0:5.1f}s] {case}: {res['status'].upper() if failed else res['status']} "
+                  f"{' '.join(res['detail'].split())[:400]}", flush=True)
+        if failed and res["signature"] not in bugs:
+            small, sres = (case, res) if args.no_shrink else shrink(case, res, check)
+            bugs[res["signature"]] = small
+            print(f"=== new bug: {res['signature']}\n    shrunk: {small!r}\n    {' '.join(sres['detail'].split())[:800]}",
+                  flush=True)
+        if args.quiet and counts["cases"] % 100 == 0:
+            el = time.time() - t_start
+            print(f"[{el:.0f}s] " + "  ".join(f"{k}={v}" for k, v in counts.items())
+                  + f"  ({counts['cases'] / el:.2f} cases/s)", flush=True)
+    el = time.time() - t_start
+    print("==== summary ====\n" + "  ".join(f"{k}={v}" for k, v in counts.items())
+          + f"  seeds {args.seed}-{args.seed + counts['cases'] - 1}  {el:.0f}s ({counts['cases'] / el:.2f} cases/s)")
+    for case, res in failures:
+        print(f"FAILED {case!r}: {' '.join(res['detail'].split())[:500]}")
+    for sig, small in bugs.items():
+        print(f"BUG {sig}: {small!r}")
     return 1 if failures else 0
 
 

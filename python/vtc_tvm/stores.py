@@ -46,7 +46,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from .analysis import _non_root_blocks, call_tir_kernel, index_copy_mapping
 from .copy_schedule import COPY_INTO_ATTR
 from .inverse import NotOneToOne, piece_box, store_maps
-from .mapping import Mapping, _substitute, row_major_strides
+from .mapping import Mapping, Piece, _substitute, row_major_strides
 from .rewrite import NotRewritable, best_schedulable, redirect_output
 
 logger = logging.getLogger("vtc_tvm")
@@ -201,6 +201,13 @@ def _reads_other_than(exprs, buffers) -> bool:
     return bool(bad)
 
 
+def _reads(exprs, buffer) -> bool:
+    found = []
+    for e in exprs:
+        tvm_ffi.structural_walk(e, (TensorLoad, lambda ld: found.append(ld) if ld.source.same_as(buffer) else None))
+    return bool(found)
+
+
 @mutator
 class _StoreRewriter(PyExprMutator):
     def __init__(self, mod, target, report):
@@ -270,7 +277,7 @@ class _StoreRewriter(PyExprMutator):
                         self._log(s, b.var, False, f"{len(left)} pieces would stay copies, "
                                   "in as many kernels where stock runs one")
                 elif stores:
-                    plan[b.var] = (srcs, boxes, stores)
+                    plan[b.var] = (srcs, boxes, stores, mapping.sources)
         return plan
 
     def _plan_updates(self, func, uses):
@@ -315,11 +322,11 @@ class _StoreRewriter(PyExprMutator):
             self.builder_.emit_normalized(relax.VarBinding(binding.var, self.builder_.normalize(
                 relax.call_tir_inplace(gv, args + extra, [len(args) + len(extra) - 1], out_ty=binding.var.ty))))
             return
-        for dest, (srcs, boxes, stores) in self.plan.items():
+        for dest, (srcs, boxes, stores, buffers) in self.plan.items():
             if binding.var in stores and self._emit_producer(binding, dest, stores[binding.var]):
                 return
             if binding.var.same_as(dest) and dest in self.current:
-                self._emit_rest(binding, srcs, boxes)
+                self._emit_rest(binding, srcs, boxes, buffers)
                 return
         super().visit_var_binding_(binding)
 
@@ -365,23 +372,28 @@ class _StoreRewriter(PyExprMutator):
         self.pending[update_var] = (gv, [self.visit_expr(a) for a in call.args[1].fields], update)
         return True
 
-    def _emit_rest(self, binding, srcs, boxes):
+    def _emit_rest(self, binding, srcs, boxes, buffers):
         """Copy the pieces whose sources kept their own buffers into place (one kernel at most:
-        see ``_plan``); bind the destination var."""
+        see ``_plan``); bind the destination var. ``buffers``: the copy mapping's source buffers
+        (``srcs[j]`` is read through ``buffers[j]``)."""
         cur = self.current[binding.var]
         shape = [int(d) for d in binding.var.ty.shape]
         for box in boxes:
             src = srcs[box.source]
             if src in self.redirected:
                 continue
-            dtype = str(src.ty.dtype)
-            copy = Mapping.view(box.extents, dtype, [int(d) for d in src.ty.shape],
-                                lambda *u, box=box: _substitute_all(box.src_index, box.vars, u)).to_prim_func(
-                                    "vtc_copy_into")
+            # A gathered piece reads index tensors of the copy in its index (take: src[idx[u]]):
+            # its kernel takes them as inputs too, after its data source (found by the fuzzer:
+            # tests/test_model_fuzz.py, a take of a split half concatenated with a relu).
+            used = [box.source] + [j for j, buf in enumerate(buffers)
+                                   if j != box.source and _reads(box.src_index, buf)]
+            copy = Mapping(box.extents, str(src.ty.dtype), [buffers[j] for j in used], box.vars,
+                           [Piece(0, tuple(box.src_index))]).to_prim_func("vtc_copy_into")
             into = redirect_output(copy, shape, lambda u, box=box: _substitute_all(box.out_index, box.vars, u),
                                    binding.var.name).with_attr(COPY_INTO_ATTR, True)
             gv = self.builder_.add_func(into, "vtc_copy_into")
-            update = relax.call_tir_inplace(gv, [self.visit_expr(src), cur], [1], out_ty=binding.var.ty)
+            update = relax.call_tir_inplace(gv, [self.visit_expr(srcs[j]) for j in used] + [cur], [len(used)],
+                                            out_ty=binding.var.ty)
             cur = self.builder_.emit(update, name_hint=f"{binding.var.name}_part")
         self.builder_.emit_normalized(relax.VarBinding(binding.var, cur))
 
