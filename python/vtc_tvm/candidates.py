@@ -41,7 +41,7 @@ from tvm.ir import Op
 from tvm.relax.expr_functor import PyExprMutator
 
 from . import inplace as inplace_updates
-from .analysis import call_tir_kernel, contiguity, index_copy_mapping, op_pattern
+from .analysis import call_tir_kernel, contiguity, index_copy_mapping, index_copy_mappings, op_pattern
 from .mapping import VirtualTensor
 from .rewrite import NotRewritable, best_schedulable, check_schedulable, rewritten_forms
 from .rules import Unsupported, get_rule
@@ -270,6 +270,9 @@ class Walker(PyExprMutator):
             return None
         if value.op.same_as(CALL_TIR):
             kernel = call_tir_kernel(self.mod, value)
+            if kernel is not None and isinstance(value.ty, relax.TupleType):  # a legalized split
+                mappings = index_copy_mappings(kernel[1], len(value.ty.fields))
+                return None if mappings is None else [VirtualTensor(m, kernel[2]) for m in mappings]
             mapping = index_copy_mapping(kernel[1]) if kernel is not None else None
             return None if mapping is None else VirtualTensor(mapping, kernel[2])
         name = value.op.name
