@@ -26,8 +26,10 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from . import solver
+from .analysis import INJECTIVE, OUT_EWISE_FUSABLE, op_pattern
 from .candidates import (Edge, Graph, Node, Walker, cached_contiguity, cached_rewrite, materialise_directly,
-                         VIEW_OPS, _op_name)
+                         fuses_into_copy, shaped, store_edges, VIEW_OPS, _op_name)
+from .mapping import VirtualTensor
 from .cost import EdgeCost, copy_saving, edge_cost
 from .rewrite import NotRewritable
 from .strategy import Decision, by_contiguity, get_strategy
@@ -54,6 +56,9 @@ class Collector(Walker):
         self.binding_of: Dict[relax.Var, relax.Binding] = {}
         self.all_uses: Dict[relax.Var, int] = {}
         self.edges_into: Dict[relax.Var, List[Edge]] = {}
+        self.patterns: Dict[object, Optional[int]] = {}
+        self.updated: set = set()  # results of in-place updates (no producer to redirect)
+        self.composed_of: Dict[relax.Var, object] = {}  # movement var -> its composed virtual tensor
 
     def begin_function(self, func):
         for p in func.params:
@@ -69,7 +74,7 @@ class Collector(Walker):
         b = self.binding_of.get(var)
         return None if b is None else b.value
 
-    def _emit_copy(self, binding, vt):
+    def _emit_copy(self, binding, vt, planned=()):
         # The collector's module is thrown away: no copy kernel to build (the emitter builds it).
         PyExprMutator.visit_var_binding_(self, binding)
 
@@ -80,23 +85,36 @@ class Collector(Walker):
             self.kept_reads[binding.var] = [s for s in composed.sources if isinstance(s, relax.Var)]
         else:
             self.kept_reads[binding.var] = list(relax.analysis.free_vars(binding.value))
-        if _op_name(binding.value) == "relax.concat" and not isinstance(vt, list):
-            self._store_candidates(binding)
+        self.composed_of[binding.var] = composed
+        self._store_candidates(binding.var, composed)
 
-    def _store_candidates(self, binding):
-        """Concat inputs a kernel produces and nothing else reads: their producer can write its
-        slice of the concat (the store side, after fusion)."""
-        concat = self.graph.by_var[binding.var]
-        tup = binding.value.args[0]
-        fields = self.lookup_binding(tup).fields if isinstance(tup, relax.Var) else tup.fields
-        for s in fields:
-            value = self._value(s) if isinstance(s, relax.DataflowVar) else None
-            if not isinstance(value, relax.Call) or self.uses.get(s, 0) != 1 or s in self.movement_vars:
-                continue
-            src = self.graph.node(s, value)
-            self.graph.edges.append(Edge(len(self.graph.edges), "store", src.id, concat.id, concat.id,
-                                         concat.name, mapping=None, legal=True,
-                                         verdict=Decision(True, "producer stores into its slice")))
+    def _store_candidates(self, var, composed):
+        """Sources a kernel produces and nothing else reads: their producer can write its part
+        of the movement result ``var`` if it is materialised (the store side, after fusion)."""
+        dest = self.graph.by_var[var]
+        for s, refused in store_edges(var, composed, self._value, self.uses, self.movement_vars | self.updated,
+                                      self._pattern_of):
+            self._store_edge(s, var, dest, refused)
+
+    def _store_edge(self, s, var, dest, refused, update=False):
+        src = self.graph.node(s, self._value(s))
+        edge = Edge(len(self.graph.edges), "store", src.id, dest.id, dest.id, dest.name, legal=refused is None,
+                    verdict=Decision(refused is None, refused or "producer stores into its part of the destination"))
+        edge.source_var, edge.dest_var, edge.update = s, var, update
+        self.graph.edges.append(edge)
+
+    def _pattern_of(self, value) -> Optional[int]:
+        """TVM's op pattern of the kernel ``value`` legalizes to (None when unknown)."""
+        key = value
+        if key not in self.patterns:
+            pattern = None
+            if _op_name(value) in _TILED_OPS:
+                pattern = OUT_EWISE_FUSABLE
+            elif isinstance(value, relax.Call):
+                found = self._consumer_prim_func(value) if shaped(value.ty) else None
+                pattern = op_pattern(found[0]) if found is not None else None
+            self.patterns[key] = pattern
+        return self.patterns[key]
 
     def decide(self, arg, var, vt, func, index, name, pattern):
         graph = self.graph
@@ -139,11 +157,26 @@ class Collector(Walker):
             isinstance(a, relax.Var) and not a.same_as(arg) and _op_name(self._value(a)) in _TILED_OPS
             for a in value.args)
 
-    def decide_inplace(self, cache, call):
+    def decide_inplace(self, cache, call, var, rows, kernel):
         node = self.graph.node(cache)
         self.graph.edges.append(Edge(len(self.graph.edges), "store", node.id, node.id, None, call.op.name,
                                      legal=True, verdict=Decision(True, "updated in place (inplace=)"),
                                      chosen=True, reason="updated in place: only the new elements are written"))
+        # The rows' producer may store them straight into the cache (through the update's index).
+        vt = self.composed_of.get(rows) if isinstance(rows, relax.Var) else None  # (virtual or not)
+        srcs = [rows] if not isinstance(vt, VirtualTensor) else [
+            x for j, x in enumerate(vt.sources) if j in vt.mapping.data_sources()]
+        s = srcs[0] if len(srcs) == 1 else None
+        value = self._value(s) if isinstance(s, relax.DataflowVar) else None
+        self.updated.add(var)
+        if isinstance(value, relax.Call) and s not in self.movement_vars and s not in self.updated \
+                and self.uses.get(s, 0) == 1 and self.uses.get(rows, 0) == 1:
+            # FuseOps fuses producers into an update it does not see as opaque (an affine store).
+            fused = op_pattern(kernel) <= INJECTIVE and fuses_into_copy(value, self._value, self.uses,
+                                                                         self._pattern_of)
+            update = self.graph.node(var, self._value(var), len(self.graph.nodes))
+            self._store_edge(s, var, update, "FuseOps fuses its producer into the update (one kernel)"
+                             if fused else None, update=True)
         return True
 
 
@@ -159,19 +192,17 @@ class Plan:
     summary: dict
     problem: Optional[solver.Problem] = None
     offered: List[int] = field(default_factory=list)  # solver edge index -> graph edge id
+    # destination var (a materialised movement result, an in-place update) -> the source vars
+    # whose producers store into it: what the emitter marks for :mod:`vtc_tvm.stores`
+    stores: Dict[relax.Var, set] = field(default_factory=dict)
 
     def chosen_edges(self) -> List[Edge]:
         return [e for e in self.graph.edges if e.chosen]
 
-    def store_side(self) -> Dict[str, bool]:
-        """{concat variable name: whether its producers may store into it} for every concat
-        with store-side candidates (what :mod:`vtc_tvm.stores` honours)."""
-        out: Dict[str, bool] = {}
-        for e in self.graph.edges:
-            if e.kind == "store" and e.consumer is not None:
-                name = self.graph.nodes[e.dst].var.name
-                out[name] = out.get(name, False) or e.chosen
-        return out
+    def store_side(self) -> Dict[str, List[str]]:
+        """{destination name: names of the tensors whose producers store into it} (the chosen
+        store edges, which :mod:`vtc_tvm.stores` executes after fusion)."""
+        return {d.name: sorted(s.name for s in srcs) for d, srcs in self.stores.items()}
 
     def to_json(self) -> str:
         nodes = [{"id": n.id, "name": n.name, "op": n.op, "onnx_node": n.onnx_node, "shape": list(n.shape),
@@ -244,7 +275,8 @@ def _plan(mod, tgt, choose, allowed, inplace, profiler, memory_guard, objective,
         if stayed <= physical:
             break
         for row in result.rows:
-            earlier.setdefault((row["tensor"], row["consumer"]), row)
+            if row.get("side") != "store":  # (store edges are decided on the final step's graph)
+                earlier.setdefault((row["tensor"], row["consumer"]), row)
         for e in graph.edges:
             if e.kind == "load":
                 earlier_edges.setdefault((e.arg, e.consumer_var), e)
@@ -275,9 +307,12 @@ def collector_split(collector) -> dict:
     found = {}
     for b in collector.bindings:
         v = b.value
-        if isinstance(v, relax.Call) and _op_name(v) == "relax.split" and isinstance(v.args[0], relax.Var) \
-                and collector.all_uses.get(v.args[0]) == 1:
-            found[v.args[0]] = b.var
+        src = v.args[0] if isinstance(v, relax.Call) and _op_name(v) == "relax.split" else None
+        if b.var in collector.movement_vars and isinstance(b.var.ty, relax.TupleType) and src is None \
+                and len(v.args) == 2 and isinstance(v.args[1], relax.Tuple) and len(v.args[1].fields) == 1:
+            src = v.args[1].fields[0]  # a legalized split
+        if isinstance(src, relax.Var) and collector.all_uses.get(src) == 1:
+            found[src] = b.var
     return found
 
 
@@ -334,33 +369,15 @@ def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objectiv
             memory.append(e.cost.memory)
         first_load[src] = ids[0]
         requires += [(ids[i], ids[(i + 1) % len(ids)]) for i in range(len(ids))] if len(ids) > 1 else []
-    conflicts = []
-    for e in edges:
-        if e.kind != "store" or e.consumer is None:
-            continue
-        node = graph.nodes[e.src]
-        # The copy's read of this input is saved (the producer writes what it wrote anyway), the
-        # concat's buffer stays: less than the load side saves, which also drops the launch.
-        e.cost = EdgeCost((copy_saving(node.bytes, tgt) - copy_saving(0, tgt)) / 2, 0, -(node.bytes or 0),
-                          "producer writes its slice")
-        if graph.nodes[e.dst].var in collector.physical or e.dst not in first_load:
-            e.chosen, e.reason = True, "producer stores into its slice of the concat (store side)"
-            continue
-        conflicts.append([offered[first_load[e.dst]], e.id])
-        e.reason = "concat virtual over its inputs instead"  # unless chosen below
-        store_id = len(offered)
-        offered.append(e.id)
-        gain.append(e.cost.gain_us)
-        kernels.append(0)
-        memory.append(e.cost.memory)
-        conflicts[-1] = [first_load[e.dst], store_id]
+    conflicts = _offer_stores(graph, collector, tgt, first_load, offered, gain, kernels, memory, requires)
     problem = solver.Problem(
         num_nodes=len(graph.nodes),
         edges=[(edges[i].src, edges[i].dst) for i in offered],
         gain=gain, kernels=kernels, memory=memory, conflicts=conflicts, requires=requires,
         memory_budget=0 if memory_guard else None, kernel_budget=0, objective=objective)
     if every:  # "all": every legal edge, the load side winning its conflicts
-        picked = tuple(k for k, eid in enumerate(offered) if edges[eid].kind == "load")
+        picked = tuple(k for k, eid in enumerate(offered) if edges[eid].kind == "load"
+                       or edges[eid].dst not in first_load)
         solution = solver.Solution(picked, sum(gain[k] for k in picked), sum(memory[k] for k in picked),
                                    sum(kernels[k] for k in picked), False, (("all", len(offered)),))
     else:
@@ -374,7 +391,9 @@ def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objectiv
                 f"{e.verdict.reason}; not in the plan (predicted {_fmt(e.cost)} for all its consumers' "
                 "edges together, or a budget/conflict)")
         elif e.chosen:
-            e.reason = "producer stores into its slice of the concat (store side)"
+            e.reason = "producer stores into its part of the destination (store side)"
+        elif e.dst not in first_load:
+            e.reason = f"{e.verdict.reason}; not in the plan (predicted {_fmt(e.cost)}, or a budget)"
     choice = {}
     rows, seen = [], set()
     for e in edges:
@@ -384,8 +403,20 @@ def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objectiv
     summary = {"predicted": {"gain_us": solution.gain, "kernels": solution.kernels, "memory": solution.memory},
                "solver": {"exact": solution.exact, "components": [list(c) for c in solution.components],
                           "edges_offered": len(offered), "edges": len(edges)}}
+    stores: Dict[relax.Var, set] = {}
+    kept = _materialised(collector, choice)
+    for e in edges:
+        if e.kind == "store" and e.chosen and e.consumer is not None:
+            if not e.update and e.dest_var not in kept:  # (the conflict with its load edges covers this)
+                e.chosen, e.reason = False, "the destination is not materialised"
+                continue
+            stores.setdefault(e.dest_var, set()).add(e.source_var)
+    for e in edges:  # the plan's store refusals into what exists (taken edges: the store side reports them)
+        if e.kind == "store" and e.consumer is not None and not e.chosen and (e.update or e.dest_var in kept):
+            rows.append({"tensor": e.source_var.name, "consumer": e.dest_var.name, "virtual": False,
+                         "reason": e.reason, "side": "store"})
     p = Plan(graph, [[offered[i] for i in c] for c in conflicts], choice, collector.physical, rows, summary,
-             problem, offered)
+             problem, offered, stores)
     for row in collector.report:
         key = (row["tensor"], row["consumer"])
         if key in seen:
@@ -400,6 +431,51 @@ def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objectiv
         if e is not None:
             row["virtual"], row["reason"] = e.chosen, e.reason
     return p
+
+
+def _offer_stores(graph, collector, tgt, first_load, offered, gain, kernels, memory, requires) -> list:
+    """Offer the store edges to the solver (appending to its arrays); return the conflict sets.
+
+    A destination whose load edges are offered is virtual or materialised depending on them: a
+    store edge into it conflicts with them. One that stays materialised whatever the load side
+    does is offered freely (as are the rows of an in-place update), one that does not exist
+    even then (composed into its readers) is not. The edges of one source are taken together
+    (``requires`` in a cycle: its buffer is gone only when every destination gets its part);
+    the copy's read and write of that part are saved, the kernel launch is not (the copy stays
+    for the pieces without a producer, or disappears: counted as no change), and the source's
+    buffer is freed."""
+    edges = graph.edges
+    best = {(e.arg, e.consumer_var): Decision(True, "") for e in edges
+            if e.kind == "load" and e.legal and e.verdict.take}
+    certain = _materialised(collector, best)
+    conflicts, groups = [], {}
+    for e in edges:
+        if e.kind != "store" or e.consumer is None:
+            continue
+        if not e.legal:
+            e.reason = e.verdict.reason
+            continue
+        dest = e.dest_var
+        if not e.update and e.dst not in first_load and dest not in certain:
+            e.reason = "the destination is not materialised (it is composed into its readers)"
+            continue
+        node = graph.nodes[e.src]
+        group = groups.setdefault(e.src, [])
+        e.cost = EdgeCost((copy_saving(node.bytes, tgt) - copy_saving(0, tgt)) / 2, 0,
+                          0 if group else -(node.bytes or 0), "producer writes its part of the destination")
+        e.reason = "concat virtual over its inputs instead" if e.dst in first_load else e.verdict.reason
+        k = len(offered)
+        if not e.update and e.dst in first_load:
+            conflicts.append([first_load[e.dst], k])
+        group.append(k)
+        offered.append(e.id)
+        gain.append(e.cost.gain_us)
+        kernels.append(e.cost.kernels)
+        memory.append(e.cost.memory)
+    for group in groups.values():
+        if len(group) > 1:
+            requires += [(group[i], group[(i + 1) % len(group)]) for i in range(len(group))]
+    return conflicts
 
 
 def _fmt(cost) -> str:
