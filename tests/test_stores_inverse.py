@@ -12,6 +12,7 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax import op as R
 
+import vtc_tvm
 from vtc_tvm.inverse import NotOneToOne, store_maps
 from vtc_tvm.mapping import _eval_np
 from vtc_tvm.pipeline import cuda_target, vtc_pipeline
@@ -190,9 +191,11 @@ def test_producer_with_two_readers_keeps_its_layout():
     mod = _module([(6, 8), (8, 10)], body)
     report = []
     _compare(mod, report)
-    refused = _stores(report)  # the plan's refusal: no store edge reaches the store side
-    assert refused and not any(d["virtual"] for d in refused)
-    assert all("read elsewhere" in d["reason"] for d in refused), refused
+    assert not _stores(report), report  # the plan refused: nothing reaches the store side
+    p = vtc_tvm.plan(mod, LLVM)
+    refused = [e for e in p.graph.edges if e.kind == "store"]
+    assert refused and not any(e.chosen for e in refused) and not p.store_side()
+    assert all("read elsewhere" in e.reason for e in refused), [e.reason for e in refused]
 
 
 @pytest.mark.parametrize("case, reason", [

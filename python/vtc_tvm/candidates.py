@@ -519,8 +519,9 @@ def store_edges(dest_var, composed, value_of, uses, movement_vars, pattern_of) -
     FuseOps does not fuse its producer into the copy (:func:`fuses_into_copy`); kernel-made
     sources that fail the last two are listed with the reason."""
     parts = composed if isinstance(composed, list) else [composed]
-    if not all(is_static(p.mapping.shape) for p in parts) or (len(parts) == 1 and is_view(parts[0].mapping)):
-        return []
+    if not all(is_static(p.mapping.shape) for p in parts) or (len(parts) == 1 and is_view(parts[0].mapping)) \
+            or _op_name(value_of(dest_var)) in VIEW_OPS:
+        return []  # (a reshape-like op stays an op: what it reads is the copy, if any)
     found = []
     for part in parts:
         for j, s in enumerate(part.sources):

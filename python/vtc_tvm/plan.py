@@ -18,6 +18,7 @@ cached rewrites and no lowering, and in practice one or two steps suffice. The r
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -34,6 +35,7 @@ from .cost import EdgeCost, copy_saving, edge_cost
 from .rewrite import NotRewritable
 from .strategy import Decision, by_contiguity, get_strategy
 
+logger = logging.getLogger("vtc_tvm")
 MAX_STEPS = 4  # materialisation fixed point: each step only adds physical tensors
 _TILED_OPS = {"relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.linear",
               "relax.nn.conv2d_transpose"}
@@ -275,8 +277,7 @@ def _plan(mod, tgt, choose, allowed, inplace, profiler, memory_guard, objective,
         if stayed <= physical:
             break
         for row in result.rows:
-            if row.get("side") != "store":  # (store edges are decided on the final step's graph)
-                earlier.setdefault((row["tensor"], row["consumer"]), row)
+            earlier.setdefault((row["tensor"], row["consumer"]), row)
         for e in graph.edges:
             if e.kind == "load":
                 earlier_edges.setdefault((e.arg, e.consumer_var), e)
@@ -411,10 +412,9 @@ def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objectiv
                 e.chosen, e.reason = False, "the destination is not materialised"
                 continue
             stores.setdefault(e.dest_var, set()).add(e.source_var)
-    for e in edges:  # the plan's store refusals into what exists (taken edges: the store side reports them)
+    for e in edges:  # the plan's store refusals into what exists (the store side reports the chosen ones)
         if e.kind == "store" and e.consumer is not None and not e.chosen and (e.update or e.dest_var in kept):
-            rows.append({"tensor": e.source_var.name, "consumer": e.dest_var.name, "virtual": False,
-                         "reason": e.reason, "side": "store"})
+            logger.info("%s -> %s (store side): physical (%s)", e.source_var.name, e.dest_var.name, e.reason)
     p = Plan(graph, [[offered[i] for i in c] for c in conflicts], choice, collector.physical, rows, summary,
              problem, offered, stores)
     for row in collector.report:
