@@ -266,6 +266,103 @@ def test_the_store_side_executes_only_the_plan():
         assert not report and tvm_ffi.structural_equal(out["main"], relax.transform.DeadCodeElimination()(mod)["main"])
 
 
+# -- parts that must exist on their own: the producer writes each part (issue 16) ------------------
+def _parts(bb, t, sections, axis, heads=None):
+    """The parts of ``t`` split along ``axis``, each a function output (head-major when
+    ``heads`` = (B, H, D) is given): they must exist, so stock copies them out of ``t``."""
+    split = bb.emit(R.split(t, sections, axis=axis))
+    n = sections if isinstance(sections, int) else len(sections) + 1
+    outs = [bb.emit(relax.TupleGetItem(split, i)) for i in range(n)]
+    if heads is not None:
+        b, h, d = heads
+        outs = [bb.emit(R.permute_dims(bb.emit(R.reshape(p, (b, 1, h, d))), [0, 2, 1, 3])) for p in outs]
+    return relax.Tuple(outs)
+
+
+def _gemm(bb, x, w, b=None):
+    y = bb.emit(R.matmul(x, w))
+    return y if b is None else bb.emit(R.nn.relu(bb.emit(R.add(y, b))))
+
+
+PARTS = {
+    # the fused QKV GEMM: q, k and v each a tensor of their own
+    "qkv_split": ([(2, 1, 16), (16, 96)], lambda bb, x, w: _parts(bb, _gemm(bb, x, w), 3, 2)),
+    # ... in the head-major layout attention reads: the GEMM writes each part through the inverse
+    "qkv_head_major": ([(2, 1, 16), (16, 96)], lambda bb, x, w: _parts(bb, _gemm(bb, x, w), 3, 2, (2, 4, 8))),
+    # a fused producer (GEMM + bias + ReLU), uneven parts
+    "gemm_epilogue_split": ([(8, 16), (16, 24), (24,)], lambda bb, x, w, b: _parts(bb, _gemm(bb, x, w, b), [4, 16], 1)),
+    # a reduction-shaped producer split along rows
+    "softmax_split": ([(8, 32)], lambda bb, x: _parts(bb, bb.emit(R.nn.softmax(x, axis=1)), 2, 0)),
+    # two slices that leave a gap: the rows nobody reads are not stored
+    "slices_with_a_gap": ([(8, 16), (16, 12)], lambda bb, x, w: (lambda y: relax.Tuple([
+        bb.emit(R.strided_slice(y, [0], [0], [2])), bb.emit(R.strided_slice(y, [0], [5], [8]))]))(_gemm(bb, x, w))),
+}
+
+
+@pytest.mark.parametrize("form", sorted(PARTS))
+def test_producer_writes_the_parts_that_must_exist(form):
+    shapes, body = PARTS[form]
+    mod = _module(shapes, body)
+    report = []
+    _compare(mod, report)
+    stores = _stores(report)
+    assert stores and all(d["virtual"] for d in stores), report
+    stock = kernel_census(mod, LLVM)
+    vtc = kernel_census(VirtualTensorize(target=LLVM)(mod), LLVM, stores=True)
+    assert vtc["data_movement"] == 0 < stock["data_movement"], (stock, vtc)
+    assert vtc["kernels"] < stock["kernels"] and vtc["planned_bytes"] <= stock["planned_bytes"], (stock, vtc)
+
+
+PARTS_REFUSED = {
+    # one element in two parts: it cannot have two homes
+    "overlapping_slices": ([(8, 16), (16, 12)], lambda bb, x, w: (lambda y: relax.Tuple([
+        bb.emit(R.strided_slice(y, [0], [0], [5])), bb.emit(R.strided_slice(y, [0], [3], [8]))]))(_gemm(bb, x, w)),
+        "overlapping"),
+    # rows picked at runtime: no inverse (a row may be read twice, or never)
+    "take_rows": ([(8, 16), (16, 12), (5,)], lambda bb, x, w, i: R.take(_gemm(bb, x, w), bb.emit(
+        R.astype(R.clip(R.abs(i), 0, 0), "int64")), axis=0), "outside its source"),
+    # a part is an output, the whole is also read by a kernel: it keeps its own buffer
+    "part_and_a_reader": ([(8, 16), (16, 12)], lambda bb, x, w: (lambda y: relax.Tuple([
+        bb.emit(R.strided_slice(y, [0], [0], [4])), bb.emit(R.sum(y, axis=[0]))]))(_gemm(bb, x, w)), None),
+}
+
+
+@pytest.mark.parametrize("form", sorted(PARTS_REFUSED))
+def test_parts_that_cannot_be_stored_stay_copies(form):
+    shapes, body, reason = PARTS_REFUSED[form]
+    mod = _module(shapes, body)
+    report = []
+    _compare(mod, report)
+    stores = _stores(report)
+    assert not any(d["virtual"] for d in stores), report
+    if reason is not None:  # refused after fusion, with the reason
+        assert stores and all(reason in d["reason"] for d in stores), stores
+    else:  # refused by the plan: read elsewhere
+        p = vtc_tvm.plan(mod, LLVM)
+        edges = [e for e in p.graph.edges if e.kind == "store"]
+        assert edges and not any(e.chosen for e in edges), [e.reason for e in edges]
+        assert all("read elsewhere" in e.reason for e in edges), [e.reason for e in edges]
+
+
+@pytest.mark.parametrize("form", sorted(PARTS))
+def test_cuda_code_for_each_part_form(form):
+    """CUDA code for each form; a redirected producer keeps its DLight rule or stays as it is
+    (DLight's Matmul rule does not take a GEMM storing into several tensors: refused, logged)."""
+    shapes, body = PARTS[form]
+    mod = _module(shapes, body)
+    target = cuda_target()
+    report = []
+    ex = tvm.compile(mod, target=target, relax_pipeline=vtc_pipeline(target, report=report))
+    decisions = _stores(report)
+    assert decisions, report
+    for d in decisions:
+        assert d["virtual"] or "DLight" in d["reason"], d
+    src = device_source(ex)
+    assert "__global__" in src
+    if any(d["virtual"] for d in decisions):
+        assert "_into_" in src
+
+
 # -- CUDA: the same forms generate code, the redirected producer keeps its DLight rule -------------
 @pytest.mark.parametrize("form", sorted(PRODUCED))
 def test_cuda_code_for_each_form(form):

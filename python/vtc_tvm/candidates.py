@@ -500,24 +500,24 @@ def copy_kernel(vt) -> tuple:
         sources += [s for s in part.sources if not any(s.same_as(t) for t in sources)]
     holders = [te.placeholder([int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in s.ty.shape],
                               str(s.ty.dtype), f"vtc_copy_in{j}") for j, s in enumerate(sources)]
-    outs = []
-    for k, part in enumerate(vt):
+    def body(part):
         at = [next(j for j, t in enumerate(sources) if t.same_as(s)) for s in part.sources]
-        outs.append(te.compute(
-            [int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in part.mapping.shape],
-            lambda *v, part=part, at=at: part.mapping.load(
-                v, lambda j, idx: holders[at[j]](*[lowering_safe(i) for i in idx])),
-            name=f"vtc_copy_{k}"))
+        return lambda *v: part.mapping.load(v, lambda j, idx: holders[at[j]](*[lowering_safe(i) for i in idx]))
+
+    outs = [te.compute([int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in part.mapping.shape], body(part),
+                       name=f"vtc_copy_{k}") for k, part in enumerate(vt)]
     return te.create_prim_func(holders + outs).without_attr("global_symbol"), sources
 
 
-def store_edges(dest_var, composed, value_of, uses, movement_vars, pattern_of) -> List[tuple]:
+def store_edges(dest_var, composed, value_of, uses, movement_vars, readers, pattern_of) -> List[tuple]:
     """The store candidates into the movement result ``dest_var`` (``composed``: its composed
     virtual tensor, or a split's list): ``(source var, reason)`` per data source, reason None
     for a candidate. A source is one when a kernel produces it (not a movement op, not a
-    parameter), nothing else reads it (``uses`` 1: the first movement op of the chain), and
-    FuseOps does not fuse its producer into the copy (:func:`fuses_into_copy`); kernel-made
-    sources that fail the last two are listed with the reason."""
+    parameter), only movement ops read it (``readers``: the vars of the bindings that read
+    it, None for a function output; several, e.g. two slices, when its parts go to several
+    destinations), and FuseOps does not fuse its producer into the copy
+    (:func:`fuses_into_copy`); kernel-made sources that fail the last two are listed with the
+    reason."""
     parts = composed if isinstance(composed, list) else [composed]
     if not all(is_static(p.mapping.shape) for p in parts) or (len(parts) == 1 and is_view(parts[0].mapping)) \
             or _op_name(value_of(dest_var)) in VIEW_OPS:
@@ -531,7 +531,8 @@ def store_edges(dest_var, composed, value_of, uses, movement_vars, pattern_of) -
             value = value_of(s)
             if not isinstance(value, relax.Call) or s in movement_vars:
                 continue
-            if uses.get(s, 0) != 1:
+            read_by = readers(s)
+            if read_by is None or not read_by or any(r not in movement_vars for r in read_by):
                 reason = "read elsewhere too: it keeps its own buffer (one store layout per tensor)"
             elif fuses_into_copy(value, value_of, uses, pattern_of):
                 reason = "FuseOps fuses its producer into the copy (one kernel, as stock)"

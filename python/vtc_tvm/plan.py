@@ -61,6 +61,7 @@ class Collector(Walker):
         self.patterns: Dict[object, Optional[int]] = {}
         self.updated: set = set()  # results of in-place updates (no producer to redirect)
         self.composed_of: Dict[relax.Var, object] = {}  # movement var -> its composed virtual tensor
+        self.destinations: List[relax.Var] = []          # movement vars of the function being walked
 
     def begin_function(self, func):
         for p in func.params:
@@ -88,14 +89,29 @@ class Collector(Walker):
         else:
             self.kept_reads[binding.var] = list(relax.analysis.free_vars(binding.value))
         self.composed_of[binding.var] = composed
-        self._store_candidates(binding.var, composed)
+        self.destinations.append(binding.var)
 
-    def _store_candidates(self, var, composed):
-        """Sources a kernel produces and nothing else reads: their producer can write its part
-        of the movement result ``var`` if it is materialised (the store side, after fusion)."""
+    def finish_function(self, func):
+        # Store candidates once the whole function is walked: whether every reader of a source
+        # is a movement op is known only then.
+        readers: Dict[relax.Var, list] = {}
+        for b in self.bindings:
+            for v in _occurrences(b.value):
+                readers.setdefault(v, []).append(b.var)
+        outputs = set(self.outputs)
+        read_by = lambda v: None if v in outputs else readers.get(v, [])
+        for var in self.destinations:
+            self._store_candidates(var, self.composed_of[var], read_by)
+        self.destinations = []
+        return func
+
+    def _store_candidates(self, var, composed, read_by):
+        """Sources a kernel produces and only movement ops read: their producer can write its
+        part of the movement result ``var`` if it is materialised (the store side, after
+        fusion)."""
         dest = self.graph.by_var[var]
         for s, refused in store_edges(var, composed, self._value, self.uses, self.movement_vars | self.updated,
-                                      self._pattern_of):
+                                      read_by, self._pattern_of):
             self._store_edge(s, var, dest, refused)
 
     def _store_edge(self, s, var, dest, refused, update=False):
@@ -377,8 +393,12 @@ def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objectiv
         gain=gain, kernels=kernels, memory=memory, conflicts=conflicts, requires=requires,
         memory_budget=0 if memory_guard else None, kernel_budget=0, objective=objective)
     if every:  # "all": every legal edge, the load side winning its conflicts
-        picked = tuple(k for k, eid in enumerate(offered) if edges[eid].kind == "load"
-                       or edges[eid].dst not in first_load)
+        loads = {k for k, eid in enumerate(offered) if edges[eid].kind == "load"}
+        beaten = {k for c in conflicts if loads & set(c) for k in c if k not in loads}
+        picked = loads | {k for k in range(len(offered)) if k not in loads and k not in beaten}
+        while any(a in picked and b not in picked for a, b in requires):  # a source's stores go together
+            picked -= {a for a, b in requires if b not in picked and a not in loads}
+        picked = tuple(sorted(picked))
         solution = solver.Solution(picked, sum(gain[k] for k in picked), sum(memory[k] for k in picked),
                                    sum(kernels[k] for k in picked), False, (("all", len(offered)),))
     else:
@@ -439,7 +459,9 @@ def _offer_stores(graph, collector, tgt, first_load, offered, gain, kernels, mem
     A destination whose load edges are offered is virtual or materialised depending on them: a
     store edge into it conflicts with them. One that stays materialised whatever the load side
     does is offered freely (as are the rows of an in-place update), one that does not exist
-    even then (composed into its readers) is not. The edges of one source are taken together
+    even then (composed into its readers) is not. A store edge conflicts with every load edge
+    whose consumer would read its source (one physical home: stored into the destination's
+    layout, the source is not there to be read). The edges of one source are taken together
     (``requires`` in a cycle: its buffer is gone only when every destination gets its part);
     the copy's read and write of that part are saved, the kernel launch is not (the copy stays
     for the pieces without a producer, or disappears: counted as no change), and the source's
@@ -447,6 +469,13 @@ def _offer_stores(graph, collector, tgt, first_load, offered, gain, kernels, mem
     edges = graph.edges
     best = {(e.arg, e.consumer_var): Decision(True, "") for e in edges
             if e.kind == "load" and e.legal and e.verdict.take}
+    # Offered load edges by the physical tensors their consumers would read: a tensor whose
+    # producer stores it elsewhere no longer exists to be read.
+    readers: Dict[relax.Var, List[int]] = {}
+    for k, eid in enumerate(offered):
+        if edges[eid].kind == "load":
+            for v in edges[eid].source_vars:
+                readers.setdefault(v, []).append(k)
     certain = _materialised(collector, best)
     conflicts, groups = [], {}
     for e in edges:
@@ -467,6 +496,7 @@ def _offer_stores(graph, collector, tgt, first_load, offered, gain, kernels, mem
         k = len(offered)
         if not e.update and e.dst in first_load:
             conflicts.append([first_load[e.dst], k])
+        conflicts += [[j, k] for j in readers.get(e.source_var, [])]
         group.append(k)
         offered.append(e.id)
         gain.append(e.cost.gain_us)

@@ -47,6 +47,7 @@ stays too). The annotations are removed once the pass has run.
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -59,7 +60,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .analysis import _non_root_blocks, call_tir_kernel, index_copy_mappings
 from .inverse import NotOneToOne, StoreRegion, piece_box, store_maps
-from .mapping import Mapping, _substitute, row_major_strides
+from .mapping import Mapping, _substitute, is_static, row_major_strides
 from .rewrite import NotRewritable, best_schedulable, redirect_output, redirect_output_parts
 
 logger = logging.getLogger("vtc_tvm")
@@ -177,12 +178,16 @@ def indexed_copy(func: tirx.PrimFunc):
 
 
 def is_view(mapping: Mapping) -> bool:
-    """Whether ``mapping`` reads its one source in row-major order (a reshape: stock TVM makes it
-    a free view, there is no copy to save)."""
+    """Whether ``mapping`` reads the whole of its one source in row-major order (a reshape:
+    stock TVM makes it a free view, there is no copy to save; a leading slice also reads in
+    row-major order, but stock copies it)."""
     if len(mapping.pieces) != 1 or len(mapping.sources) != 1:
         return False
     piece, ana = mapping.pieces[0], mapping.analyzer()
     src_shape = mapping.source_shape(0)
+    size = lambda shape: math.prod(int(d) for d in shape)
+    if not (is_static(mapping.shape) and is_static(src_shape)) or size(mapping.shape) != size(src_shape):
+        return False
     zero = tirx.IntImm("int64", 0)
     flat = lambda idx, shape: sum((i * s for i, s in zip(idx, row_major_strides(list(shape)))), zero)
     return len(piece.indices) == len(src_shape) and ana.can_prove_equal(
