@@ -496,7 +496,10 @@ def _offer_stores(graph, collector, tgt, first_load, offered, gain, kernels, mem
         k = len(offered)
         if not e.update and e.dst in first_load:
             conflicts.append([first_load[e.dst], k])
-        conflicts += [[j, k] for j in readers.get(e.source_var, [])]
+        # (a consumer reading the source through the destination itself will read the
+        # destination once it is materialised: the next fixed-point step composes only up to it)
+        conflicts += [[j, k] for j in readers.get(e.source_var, [])
+                      if not _composes_through(collector, edges[offered[j]].arg, dest)]
         group.append(k)
         offered.append(e.id)
         gain.append(e.cost.gain_us)
@@ -506,6 +509,21 @@ def _offer_stores(graph, collector, tgt, first_load, offered, gain, kernels, mem
         if len(group) > 1:
             requires += [(group[i], group[(i + 1) % len(group)]) for i in range(len(group))]
     return conflicts
+
+
+def _composes_through(collector, var, dest) -> bool:
+    """Whether the movement result ``var`` is made (through movement ops) from ``dest``."""
+    seen, todo = set(), [var]
+    while todo:
+        v = todo.pop()
+        if v.same_as(dest):
+            return True
+        if v in seen or v not in collector.movement_vars:
+            continue
+        seen.add(v)
+        b = collector.binding_of.get(v)
+        todo += [] if b is None else list(relax.analysis.free_vars(b.value))
+    return False
 
 
 def _fmt(cost) -> str:
