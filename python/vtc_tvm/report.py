@@ -31,7 +31,8 @@ def _calls(func: relax.Function, ops) -> list[relax.Call]:
 def kernel_census(mod: tvm.IRModule, target, stores: bool = False) -> dict:
     """Kernels launched by ``main`` after TVM's fusion, how many only move data, and planned memory.
 
-    Returns ``kernels``, ``data_movement`` (kernels whose PrimFunc ``is_data_movement``),
+    Returns ``kernels``, ``data_movement`` (kernels whose PrimFunc ``is_data_movement``; their
+    names in ``data_movement_kernels``),
     ``planned_bytes`` (intermediate storage after static memory planning; outputs excluded) and
     ``memory_estimate`` (the text of ``relax.analysis.estimate_memory_usage``). ``stores`` adds
     the store side after ``FuseTIR``, as the ``"vtc"`` pipeline does.
@@ -53,9 +54,11 @@ def kernel_census(mod: tvm.IRModule, target, stores: bool = False) -> dict:
         kernels = _calls(mod["main"], _KERNEL_CALLS)
         # Memory planning acts on explicit allocations, which exist only after CallTIRRewrite.
         planned = tvm.transform.Sequential(lower[1:] + [T.StaticPlanBlockMemory()])(mod)
+    movers = [c.args[0].name_hint for c in kernels if is_data_movement(mod[c.args[0]])]
     return {
         "kernels": len(kernels),
-        "data_movement": sum(bool(is_data_movement(mod[c.args[0]])) for c in kernels),
+        "data_movement": len(movers),
+        "data_movement_kernels": movers,
         "planned_bytes": _planned_bytes(planned["main"]),
         "memory_estimate": _memory_estimate(planned),
     }

@@ -597,6 +597,10 @@ class _StoreRewriter(PyExprMutator):
             src = out.srcs[box.source]
             if src in self.redirected:
                 continue
+            if not isinstance(src, relax.DataflowVar):
+                logger.info("%s: the elements of %s are copied into it (a grow-by-concat cache copies its past "
+                            "rows; a static cache updated in place, VirtualTensorize(inplace=...), does not)",
+                            binding.var.name, src.name)
             dtype = str(src.ty.dtype)
             copy = Mapping.view(box.extents, dtype, _shape(src.ty),
                                 lambda *u, box=box: _substitute_all(box.src_index, box.vars, u)).to_prim_func(
