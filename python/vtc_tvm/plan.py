@@ -5,9 +5,12 @@
 set: the edges of one virtual tensor are taken together (``requires`` in a cycle: the copy is
 only saved when every consumer reads through the mapping), a tensor that some use keeps physical
 (a function output, a consumer that cannot be rewritten, an edge the strategy refuses) offers no
-edges, a concat is either virtual over its inputs or the destination its producers store into
-(a conflict set per producer), and the chosen plan never adds kernels nor (with
-``memory_guard``) planned bytes (the budgets).
+edges, a materialised movement result (a concat, a permute, a shuffle, a split's parts) is
+either virtual over its sources or the destination their producers store into (store edges
+conflict with its load edges and with load edges that read the stored source; the store edges of
+one source go together), and the chosen plan never adds kernels nor (with ``memory_guard``)
+planned bytes (the budgets). The store edges chosen are :attr:`Plan.stores`, which the emitter
+marks on the destinations' copy kernels for :mod:`vtc_tvm.stores`.
 
 Which movement results stay materialised also depends on how the ones they compose through
 end up; that is a fixed point over the graph (limit 1): each step re-walks the module with the
