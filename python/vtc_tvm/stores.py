@@ -347,15 +347,15 @@ class _StoreRewriter(PyExprMutator):
                            "FuseOps fused the copy with computation (or its producer into it): nothing to redirect")
                     self._refuse(chosen, b.var, why)
                     continue
-                outs = []
+                outs, errors = [], []
                 for k, (ty, mapping) in enumerate(zip(fields, mappings)):
                     try:
-                        boxes = store_maps(mapping)
+                        outs.append(_Output((b.var, k), ty, srcs, store_maps(mapping), multi=len(fields) > 1))
                     except NotOneToOne as err:
-                        self._refuse([s for j, s in enumerate(srcs) if j in planned
-                                      and j in mapping.data_sources()], b.var, str(err))
-                        continue
-                    outs.append(_Output((b.var, k), ty, srcs, boxes, multi=len(fields) > 1))
+                        errors.append(str(err))
+                if errors:  # (a multi-output copy is replaced as a whole, or not at all)
+                    self._refuse(chosen, b.var, errors[0])
+                    continue
                 plan.outputs[b.var] = outs
                 for s in chosen:
                     for out in outs:
