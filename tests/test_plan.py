@@ -63,24 +63,34 @@ def test_plan_json_has_the_documented_schema():
 def _concat_escapes(x, y, w):
     """A concat read by a matmul and returned: it stays physical, so its inputs' producers may
     store into it (store side) instead of it being virtual over them (load side)."""
-    c = emit(R.concat([emit(R.exp(x)), emit(R.exp(y))], axis=0))
+    c = emit(R.concat([emit(R.matmul(x, w)), emit(R.matmul(y, w))], axis=0))
     return emit(R.matmul(c, w)), c
 
 
 def test_concat_is_either_virtual_or_a_store_destination(rng):
-    params = [((4, 8), F32), ((4, 8), F32), ((8, 3), F32)]
+    params = [((4, 8), F32), ((4, 8), F32), ((8, 8), F32)]
     mod = make_module(params, _concat_escapes)
     p = vtc_tvm.plan(mod, LLVM)
     assert _feasible(p)
     stores = [e for e in p.graph.edges if e.kind == "store" and e.consumer is not None]
     assert len(stores) == 2 and all(e.chosen for e in stores)
-    assert p.store_side() == {next(n.var.name for n in p.graph.nodes if n.op == "relax.concat"): True}
+    concat = next(n.var.name for n in p.graph.nodes if n.op == "relax.concat")
+    assert p.store_side() == {concat: sorted(p.graph.nodes[e.src].var.name for e in stores)}
     assert not any(e.chosen for e in p.graph.edges if e.kind == "load" and p.graph.nodes[e.src].op == "relax.concat")
     # Without the escape the load side wins the conflict: the concat is virtual, no store edge.
-    mod2 = make_module(params, lambda x, y, w: R.matmul(emit(R.concat([emit(R.exp(x)), emit(R.exp(y))])), w))
+    mod2 = make_module(params, lambda x, y, w: R.matmul(emit(R.concat([emit(R.matmul(x, w)),
+                                                                        emit(R.matmul(y, w))])), w))
     p2 = vtc_tvm.plan(mod2, LLVM)
     assert _feasible(p2) and p2.conflicts
     assert not any(e.chosen for e in p2.graph.edges if e.kind == "store")
+    # Element-wise producers: FuseOps fuses them into the concat's kernel (stock has no copy to
+    # save), so the plan offers no store edge and says why.
+    mod3 = make_module(params, lambda x, y, w: (lambda c: (emit(R.matmul(c, w)), c))(
+        emit(R.concat([emit(R.exp(x)), emit(R.exp(y))], axis=0))))
+    p3 = vtc_tvm.plan(mod3, LLVM)
+    fused = [e for e in p3.graph.edges if e.kind == "store" and e.consumer is not None]
+    assert len(fused) == 2 and not any(e.chosen for e in fused) and not p3.store_side()
+    assert all("FuseOps fuses" in e.reason for e in fused), [e.reason for e in fused]
     out = tvm.compile(mod, LLVM, relax_pipeline=relax.get_pipeline("vtc", target=LLVM))
     stock = tvm.compile(mod, LLVM, relax_pipeline=relax.get_default_pipeline(LLVM))
     inputs = random_inputs(params, rng)
@@ -178,16 +188,19 @@ def test_identical_layers_are_decided_and_emitted_as_copies_of_one_layer():
     are numbered across the module: compared without the number)."""
     target = vtc_tvm.pipeline.cuda_target()  # with DLight's rule check
 
-    def edges(p):
+    def edges(p, kind):
         return [(e.kind, e.consumer_name.split("#")[0], e.legal, e.chosen, e.reason,
                  None if e.cost is None else (round(e.cost.gain_us, 9), e.cost.kernels, e.cost.memory))
-                for e in p.graph.edges]
+                for e in p.graph.edges if e.kind == kind]
 
     candidates.clear_caches()
     one = vtc_tvm.plan(_llama_layers(1), target, memory_guard=True)
     candidates.clear_caches()
     three = vtc_tvm.plan(_llama_layers(3), target, memory_guard=True)
-    assert any(e[3] for e in edges(one)) and edges(three) == edges(one) * 3
+    # (store edges are made once a function is walked: after every layer's load edges)
+    assert any(e[3] for e in edges(one, "load")) and edges(three, "load") == edges(one, "load") * 3
+    assert edges(three, "store") == edges(one, "store") * 3
+    assert {e.kind for e in three.graph.edges} <= {"load", "store"}
     assert three.summary["predicted"]["kernels"] == 3 * one.summary["predicted"]["kernels"]
     emitted = [_kernels(vtc_tvm.VirtualTensorize(target=target, memory_guard=True)(_llama_layers(n)))
                for n in (1, 3)]

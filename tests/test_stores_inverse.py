@@ -8,9 +8,11 @@ import dataclasses
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax import op as R
 
+import vtc_tvm
 from vtc_tvm.inverse import NotOneToOne, store_maps
 from vtc_tvm.mapping import _eval_np
 from vtc_tvm.pipeline import cuda_target, vtc_pipeline
@@ -189,25 +191,36 @@ def test_producer_with_two_readers_keeps_its_layout():
     mod = _module([(6, 8), (8, 10)], body)
     report = []
     _compare(mod, report)
-    refused = _stores(report)
-    assert refused and not any(d["virtual"] for d in refused)
-    assert all("read elsewhere" in d["reason"] for d in refused), refused
+    assert not _stores(report), report  # the plan refused: nothing reaches the store side
+    p = vtc_tvm.plan(mod, LLVM)
+    refused = [e for e in p.graph.edges if e.kind == "store"]
+    assert refused and not any(e.chosen for e in refused) and not p.store_side()
+    assert all("read elsewhere" in e.reason for e in refused), [e.reason for e in refused]
 
 
 @pytest.mark.parametrize("case, reason", [
-    ("slice", "differ in size"),        # out of range: the producer's output is larger
-    ("repeat", "differ in size"),       # overlapping: two output elements per source element
+    ("repeat", "not one-to-one onto a box"),          # overlapping: two output elements per source element
+    ("broadcast", "not one-to-one onto a box"),       # overlapping: a row read by every output row
+    ("strided_slice", "not one-to-one onto a box"),   # every other row: not a box of the source
+    ("pad", "constant"),                              # the padding: no producer writes it
 ])
 def test_copies_that_are_not_one_to_one_stay(case, reason):
     def body(bb, x, w):
         y = bb.emit(R.nn.relu(bb.emit(R.matmul(x, w))))
-        return R.strided_slice(y, [0], [1], [4]) if case == "slice" else R.repeat(y, 2, axis=1)
+        if case == "repeat":
+            return R.repeat(y, 2, axis=1)
+        if case == "broadcast":
+            return R.broadcast_to(bb.emit(R.strided_slice(bb.emit(R.sum(y, axis=[0], keepdims=True)), [1], [0], [8])),
+                                  (6, 8))
+        if case == "strided_slice":
+            return R.strided_slice(y, [0], [0], [6], [2])
+        return R.nn.pad(y, [0, 0, 1, 1])
 
     mod = _module([(6, 8), (8, 10)], body)
     report = []
     _compare(mod, report)
     refused = _stores(report)
-    assert refused and not any(d["virtual"] for d in refused)
+    assert refused and not any(d["virtual"] for d in refused), report
     assert all(reason in d["reason"] for d in refused), refused
 
 
@@ -229,22 +242,125 @@ def test_symbolic_batch_is_left_to_the_copy():
     assert not any(d["virtual"] for d in _stores(report))
 
 
-def test_the_plan_can_forbid_a_destination():
-    from vtc_tvm.analysis import is_data_movement
-    from vtc_tvm.stores import STORE_SIDE_ATTR, VirtualTensorizeStores
+def test_the_store_side_executes_only_the_plan():
+    """The store side makes no decision: a copy the plan did not mark (here: the marks removed,
+    and a module that never went through VirtualTensorize) keeps its producer as it is."""
+    from vtc_tvm.stores import STORE_PLAN, VirtualTensorizeStores, _unmarked, planned_inputs
 
     shapes, body = PRODUCED["permute"]
     T = relax.transform
+    fuse = tvm.transform.Sequential([T.LegalizeOps(), T.AnnotateTIROpPattern(), T.FuseOps(), T.FuseTIR()])
     with LLVM:
-        fused = tvm.transform.Sequential([T.LegalizeOps(), T.AnnotateTIROpPattern(), T.FuseOps(), T.FuseTIR()])(
-            VirtualTensorize(target=LLVM)(_module(shapes, body)))
-    for gv, func in fused.functions_items():
-        if isinstance(func, tirx.PrimFunc) and is_data_movement(func):
-            fused[gv] = func.with_attr(STORE_SIDE_ATTR, 0)
+        fused = fuse(VirtualTensorize(target=LLVM)(_module(shapes, body)))
+        stock = fuse(_module(shapes, body))
+    marked = [gv for gv, f in fused.functions_items() if isinstance(f, tirx.PrimFunc) and planned_inputs(f)]
+    assert len(marked) == 1, fused
     report = []
-    VirtualTensorizeStores(LLVM, report=report)(fused)
-    assert report and not any(d["virtual"] for d in report)
-    assert all(STORE_SIDE_ATTR in d["reason"] for d in report), report
+    stored = VirtualTensorizeStores(LLVM, report=report)(fused)
+    assert [d["virtual"] for d in report] == [True] and STORE_PLAN not in stored.script()
+    for gv in marked:
+        fused[gv] = _unmarked(fused[gv])
+    for mod in (fused, stock):
+        report = []
+        out = VirtualTensorizeStores(LLVM, report=report)(mod)
+        assert not report and tvm_ffi.structural_equal(out["main"], relax.transform.DeadCodeElimination()(mod)["main"])
+
+
+# -- parts that must exist on their own: the producer writes each part (issue 16) ------------------
+def _parts(bb, t, sections, axis, heads=None):
+    """The parts of ``t`` split along ``axis``, each a function output (head-major when
+    ``heads`` = (B, H, D) is given): they must exist, so stock copies them out of ``t``."""
+    split = bb.emit(R.split(t, sections, axis=axis))
+    n = sections if isinstance(sections, int) else len(sections) + 1
+    outs = [bb.emit(relax.TupleGetItem(split, i)) for i in range(n)]
+    if heads is not None:
+        b, h, d = heads
+        outs = [bb.emit(R.permute_dims(bb.emit(R.reshape(p, (b, 1, h, d))), [0, 2, 1, 3])) for p in outs]
+    return relax.Tuple(outs)
+
+
+def _gemm(bb, x, w, b=None):
+    y = bb.emit(R.matmul(x, w))
+    return y if b is None else bb.emit(R.nn.relu(bb.emit(R.add(y, b))))
+
+
+PARTS = {
+    # the fused QKV GEMM: q, k and v each a tensor of their own
+    "qkv_split": ([(2, 1, 16), (16, 96)], lambda bb, x, w: _parts(bb, _gemm(bb, x, w), 3, 2)),
+    # ... in the head-major layout attention reads: the GEMM writes each part through the inverse
+    "qkv_head_major": ([(2, 1, 16), (16, 96)], lambda bb, x, w: _parts(bb, _gemm(bb, x, w), 3, 2, (2, 4, 8))),
+    # a fused producer (GEMM + bias + ReLU), uneven parts
+    "gemm_epilogue_split": ([(8, 16), (16, 24), (24,)], lambda bb, x, w, b: _parts(bb, _gemm(bb, x, w, b), [4, 16], 1)),
+    # a reduction-shaped producer split along rows
+    "softmax_split": ([(8, 32)], lambda bb, x: _parts(bb, bb.emit(R.nn.softmax(x, axis=1)), 2, 0)),
+    # two slices that leave a gap: the rows nobody reads are not stored
+    "slices_with_a_gap": ([(8, 16), (16, 12)], lambda bb, x, w: (lambda y: relax.Tuple([
+        bb.emit(R.strided_slice(y, [0], [0], [2])), bb.emit(R.strided_slice(y, [0], [5], [8]))]))(_gemm(bb, x, w))),
+}
+
+
+@pytest.mark.parametrize("form", sorted(PARTS))
+def test_producer_writes_the_parts_that_must_exist(form):
+    shapes, body = PARTS[form]
+    mod = _module(shapes, body)
+    report = []
+    _compare(mod, report)
+    stores = _stores(report)
+    assert stores and all(d["virtual"] for d in stores), report
+    stock = kernel_census(mod, LLVM)
+    vtc = kernel_census(VirtualTensorize(target=LLVM)(mod), LLVM, stores=True)
+    assert vtc["data_movement"] == 0 < stock["data_movement"], (stock, vtc)
+    assert vtc["kernels"] < stock["kernels"] and vtc["planned_bytes"] <= stock["planned_bytes"], (stock, vtc)
+
+
+PARTS_REFUSED = {
+    # one element in two parts: it cannot have two homes
+    "overlapping_slices": ([(8, 16), (16, 12)], lambda bb, x, w: (lambda y: relax.Tuple([
+        bb.emit(R.strided_slice(y, [0], [0], [5])), bb.emit(R.strided_slice(y, [0], [3], [8]))]))(_gemm(bb, x, w)),
+        "overlapping"),
+    # rows picked at runtime: no inverse (a row may be read twice, or never)
+    "take_rows": ([(8, 16), (16, 12), (5,)], lambda bb, x, w, i: R.take(_gemm(bb, x, w), bb.emit(
+        R.astype(R.clip(R.abs(i), 0, 0), "int64")), axis=0), "outside its source"),
+    # a part is an output, the whole is also read by a kernel: it keeps its own buffer
+    "part_and_a_reader": ([(8, 16), (16, 12)], lambda bb, x, w: (lambda y: relax.Tuple([
+        bb.emit(R.strided_slice(y, [0], [0], [4])), bb.emit(R.sum(y, axis=[0]))]))(_gemm(bb, x, w)), None),
+}
+
+
+@pytest.mark.parametrize("form", sorted(PARTS_REFUSED))
+def test_parts_that_cannot_be_stored_stay_copies(form):
+    shapes, body, reason = PARTS_REFUSED[form]
+    mod = _module(shapes, body)
+    report = []
+    _compare(mod, report)
+    stores = _stores(report)
+    assert not any(d["virtual"] for d in stores), report
+    if reason is not None:  # refused after fusion, with the reason
+        assert stores and all(reason in d["reason"] for d in stores), stores
+    else:  # refused by the plan: read elsewhere
+        p = vtc_tvm.plan(mod, LLVM)
+        edges = [e for e in p.graph.edges if e.kind == "store"]
+        assert edges and not any(e.chosen for e in edges), [e.reason for e in edges]
+        assert all("read elsewhere" in e.reason for e in edges), [e.reason for e in edges]
+
+
+@pytest.mark.parametrize("form", sorted(PARTS))
+def test_cuda_code_for_each_part_form(form):
+    """CUDA code for each form; a redirected producer keeps its DLight rule or stays as it is
+    (DLight's Matmul rule does not take a GEMM storing into several tensors: refused, logged)."""
+    shapes, body = PARTS[form]
+    mod = _module(shapes, body)
+    target = cuda_target()
+    report = []
+    ex = tvm.compile(mod, target=target, relax_pipeline=vtc_pipeline(target, report=report))
+    decisions = _stores(report)
+    assert decisions, report
+    for d in decisions:
+        assert d["virtual"] or "DLight" in d["reason"], d
+    src = device_source(ex)
+    assert "__global__" in src
+    if any(d["virtual"] for d in decisions):
+        assert "_into_" in src
 
 
 # -- CUDA: the same forms generate code, the redirected producer keeps its DLight rule -------------

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import List, Optional
 
 import numpy as np
 import tvm
@@ -42,39 +42,52 @@ def index_copy_mapping(func: tirx.PrimFunc) -> Optional[Mapping]:
     """The mapping of ``func`` if it is a pure index copy into its last parameter: one copy
     block, or a chain of them through intermediate buffers (a fused reshape-transpose), which
     compose into one mapping."""
-    if not isinstance(func, tirx.PrimFunc) or len(func.params) < 2:
+    found = index_copy_mappings(func, 1)
+    return None if found is None else found[0]
+
+
+def index_copy_mappings(func: tirx.PrimFunc, num_outputs: int) -> Optional[List[Mapping]]:
+    """The mapping of each of the last ``num_outputs`` parameters of ``func`` (its outputs, in
+    order) over the others, if ``func`` is a pure index copy into them (a legalized ``split``
+    is one PrimFunc writing every part); else None."""
+    if not isinstance(func, tirx.PrimFunc) or num_outputs < 1 or len(func.params) <= num_outputs:
         return None
     if any(not tirx.is_buffer_var(p) for p in func.params):
         return None
-    out, inputs = func.params[-1], list(func.params[:-1])
+    outs, inputs = list(func.params[-num_outputs:]), list(func.params[:-num_outputs])
     if not all(isinstance(d, tirx.IntImm) for p in func.params for d in p.shape):
         return None
+    is_out = lambda buf: any(buf.same_as(o) for o in outs)
     blocks = _non_root_blocks(func)
     # Each buffer a block has written so far, with its mapping and the input each source is.
     written = {}
-    for k, block in enumerate(blocks):
-        last = k == len(blocks) - 1
-        found = _block_mapping(block, inputs + list(written))
+    for block in blocks:
+        middle = [w for w in written if not is_out(w)]
+        found = _block_mapping(block, inputs + middle)
         if found is None:
             return None
         target, mapping = found
-        if target.same_as(out) != last or target in written or any(target.same_as(p) for p in inputs):
-            return None
-        origins = list(range(len(inputs))) + [None] * len(written)
+        if target in written or any(target.same_as(p) for p in inputs) or (
+                not is_out(target) and len(middle) < len(written)):
+            return None  # outputs are written last (after every intermediate), each once
+        origins = list(range(len(inputs))) + [None] * len(middle)
         # Compose the intermediates (highest source first: compose renumbers those after j).
-        for j, buf in reversed(list(enumerate(inputs + list(written)))):
+        for j, buf in reversed(list(enumerate(inputs + middle))):
             if j < len(inputs):
                 continue
             inner, inner_origins = written[buf]
             mapping = mapping.compose(j, inner)
             origins = origins[:j] + origins[j + 1:] + inner_origins
         written[target] = (mapping, origins)
-    if not blocks or out not in written:
+    if not blocks or not all(o in written for o in outs):
         return None
-    mapping, origins = written[out]
-    if not any(p.source is not None for p in mapping.pieces):
-        return None
-    return _on_inputs(mapping, origins, inputs)
+    result = []
+    for o in outs:
+        mapping, origins = written[o]
+        if not any(p.source is not None for p in mapping.pieces):
+            return None
+        result.append(_on_inputs(mapping, origins, inputs))
+    return result
 
 
 def _block_mapping(block, readable):

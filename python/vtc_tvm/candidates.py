@@ -6,9 +6,13 @@ lets ``u`` be a view of ``v``:
 * load side: ``u`` is a movement result (a registered rule, or a ``call_tir`` of a pure index
   copy) and one of its consumers reads its physical sources through the composed mapping
   instead (an :class:`Edge` of kind ``"load"`` per (virtual tensor, consumer) pair);
-* store side: ``u`` is an input of a concat, produced by a kernel and read by nothing else, and
-  its producer writes straight into its slice of the concat (kind ``"store"``; the rewrite itself
-  is done after ``FuseTIR`` by :mod:`vtc_tvm.stores`, which honours the plan's decision).
+* store side: ``u`` is a source of a movement result ``v`` that is materialised (a concat, a
+  permute, a channel shuffle, a split or slice whose parts must exist, a KV append), produced by
+  a kernel that FuseOps does not fuse into the copy, and read by nothing else: its producer
+  writes each element at its place in ``v`` (kind ``"store"``, :func:`store_edges`); likewise
+  the rows of an in-place update. The emitter materialises a chosen destination with a copy
+  kernel of ours marked with the plan's choice (:func:`vtc_tvm.stores.mark_store_plan`); the
+  rewrite itself runs after ``FuseTIR`` (:mod:`vtc_tvm.stores`), which executes that choice.
 
 :class:`Walker` is the pattern half of the pass, shared by the collector (here) and the
 emitter (:mod:`vtc_tvm.transform`): which bindings are movement ops, how chains compose, which
@@ -22,9 +26,10 @@ of the consumer PrimFunc, parameter, mapping, target) in :data:`REWRITES`, so id
 Limits: 1. a tensor is a view of one composed mapping over its sources (chains compose as far as
 :func:`vtc_tvm.strategy.pins_too_much` allows); which intermediate movement results stay
 physical is the plan's fixed point (:mod:`vtc_tvm.plan`), re-walking with cached rewrites.
-2. The store edges are predictions of what :mod:`vtc_tvm.stores` can rewrite after fusion (a
-producer fused with a movement op, or one DLight cannot schedule redirected, stays physical
-there).
+2. The store edges are predictions of what :mod:`vtc_tvm.stores` can rewrite after fusion:
+whether FuseOps fuses a producer into its copy is predicted from op patterns
+(:func:`fuses_into_copy`); a producer that DLight cannot schedule redirected, or whose output
+fusion leaves read elsewhere, stays physical there (the refusal is reported).
 """
 
 from __future__ import annotations
@@ -41,11 +46,13 @@ from tvm.ir import Op
 from tvm.relax.expr_functor import PyExprMutator
 
 from . import inplace as inplace_updates
-from .analysis import call_tir_kernel, contiguity, index_copy_mapping, op_pattern
-from .mapping import Mapping, Piece, VirtualTensor, _rebind_loads, _substitute, new_buffer
+from .analysis import (BROADCAST, COMM_REDUCE, OUT_EWISE_FUSABLE, call_tir_kernel, contiguity, index_copy_mapping,
+                       index_copy_mappings, op_pattern)
+from .mapping import Mapping, Piece, VirtualTensor, _rebind_loads, _substitute, is_static, lowering_safe, new_buffer
 from .rewrite import _OUTCOMES as DLIGHT_OUTCOMES
 from .rewrite import NotRewritable, best_schedulable, check_schedulable, rewritten_forms
 from .rules import Unsupported, get_rule, is_builtin_rule
+from .stores import is_view, mark_store_plan
 from .strategy import Decision, pins_too_much
 
 logger = logging.getLogger("vtc_tvm")
@@ -396,8 +403,13 @@ class Walker(PyExprMutator):
         ``index`` (the virtual tensor ``arg``) through ``vt``; with the rewrite if so."""
         raise NotImplementedError
 
-    def decide_inplace(self, cache, call) -> bool:
+    def decide_inplace(self, cache, call, var, rows, kernel) -> bool:
         return True
+
+    def planned_stores(self, var) -> set:
+        """Sources whose producers the plan lets store into the movement result (or in-place
+        update) ``var``; the emitter marks its kernel with them."""
+        return set()
 
     # -- pattern: which bindings are movement ops ---------------------------------------------
     def movement(self, var, value) -> Optional[Union[VirtualTensor, List[VirtualTensor]]]:
@@ -408,6 +420,9 @@ class Walker(PyExprMutator):
             return None
         if value.op.same_as(CALL_TIR):
             kernel = call_tir_kernel(self.mod, value)
+            if kernel is not None and isinstance(value.ty, relax.TupleType):  # a legalized split
+                mappings = index_copy_mappings(kernel[1], len(value.ty.fields))
+                return None if mappings is None else [VirtualTensor(m, kernel[2]) for m in mappings]
             mapping = cached_index_copy(kernel[1]) if kernel is not None else None
             return None if mapping is None else VirtualTensor(mapping, kernel[2])
         name = value.op.name
@@ -516,8 +531,9 @@ class Walker(PyExprMutator):
             if binding.var not in self.physical:  # consumers read through it
                 self.virtual[binding.var] = composed
             self.on_movement(binding, vt, composed)
-            if not isinstance(vt, list) and materialise_directly(value, vt, composed):
-                self._emit_copy(binding, composed)
+            planned = self.planned_stores(binding.var)
+            if planned or (not isinstance(vt, list) and materialise_directly(value, vt, composed)):
+                self._emit_copy(binding, composed, planned)
                 return
             super().visit_var_binding_(binding)
             return
@@ -551,17 +567,25 @@ class Walker(PyExprMutator):
         except (Unsupported, NotRewritable) as err:
             self.log(cache, call.op.name, False, f"in-place update refused: {err}")
             return False
-        if not self.decide_inplace(cache, call):
+        if not self.decide_inplace(cache, call, binding.var, args[0], kernel):
             return False
+        if self.planned_stores(binding.var):
+            kernel = mark_store_plan(kernel, {0})  # the rows' producer stores into the update
         gv = self.builder_.add_func(kernel, f"{call.op.name.split('.')[-1]}_inplace")
         self.emit_same_var(binding, relax.call_tir_inplace(
             gv, [self.visit_expr(a) for a in args], [at], out_ty=binding.var.ty))
         self.log(cache, call.op.name, True, "updated in place: only the new elements are written")
         return True
 
-    def _emit_copy(self, binding, vt: VirtualTensor):
-        gv = self.builder_.add_func(copy_kernel(vt.mapping), "vtc_copy")
-        call = relax.call_tir(gv, [self.visit_expr(s) for s in vt.sources], out_ty=binding.var.ty)
+    def _emit_copy(self, binding, vt, planned=()):
+        """Materialise ``vt`` (a list of them: the parts of a split, one kernel) with a copy
+        kernel of ours, marked with the store edges ``planned`` (source vars) the plan chose."""
+        func, sources = copy_kernel_of(vt)
+        if planned:
+            func = mark_store_plan(func, {k for k, s in enumerate(sources) if s in planned})
+        gv = self.builder_.add_func(func, "vtc_copy")
+        out_ty = list(binding.var.ty.fields) if isinstance(vt, list) else binding.var.ty
+        call = relax.call_tir(gv, [self.visit_expr(s) for s in sources], out_ty=out_ty)
         self.emit_same_var(binding, call)
 
     def emit_same_var(self, binding, new_value):
@@ -665,6 +689,87 @@ def _composition(outer, j, inner):
         return further, pins_too_much(further)
 
     return _by_identity((outer, inner), compute, ("compose", j))
+
+
+def copy_kernel_of(vt) -> tuple:
+    """``(PrimFunc, its input vars)`` materialising ``vt`` (the cached :func:`copy_kernel` of its
+    mapping), or each part of a list of them into one output each (a split: one kernel, as stock's)."""
+    if not isinstance(vt, list):
+        return copy_kernel(vt.mapping), list(vt.sources)
+    from tvm import te
+
+    sources = []
+    for part in vt:
+        sources += [s for s in part.sources if not any(s.same_as(t) for t in sources)]
+    holders = [te.placeholder([int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in s.ty.shape],
+                              str(s.ty.dtype), f"vtc_copy_in{j}") for j, s in enumerate(sources)]
+    def body(part):
+        at = [next(j for j, t in enumerate(sources) if t.same_as(s)) for s in part.sources]
+        return lambda *v: part.mapping.load(v, lambda j, idx: holders[at[j]](*[lowering_safe(i) for i in idx]))
+
+    outs = [te.compute([int(d) if isinstance(d, tvm.tirx.IntImm) else d for d in part.mapping.shape], body(part),
+                       name=f"vtc_copy_{k}") for k, part in enumerate(vt)]
+    return te.create_prim_func(holders + outs).without_attr("global_symbol"), sources
+
+
+def store_edges(dest_var, composed, value_of, uses, movement_vars, readers, pattern_of) -> List[tuple]:
+    """The store candidates into the movement result ``dest_var`` (``composed``: its composed
+    virtual tensor, or a split's list): ``(source var, reason)`` per data source, reason None
+    for a candidate. A source is one when a kernel produces it (not a movement op, not a
+    parameter), only movement ops read it (``readers``: the vars of the bindings that read
+    it, None for a function output; several, e.g. two slices, when its parts go to several
+    destinations), and FuseOps does not fuse its producer into the copy
+    (:func:`fuses_into_copy`); kernel-made sources that fail the last two are listed with the
+    reason."""
+    parts = composed if isinstance(composed, list) else [composed]
+    if not all(is_static(p.mapping.shape) for p in parts) or (len(parts) == 1 and is_view(parts[0].mapping)) \
+            or _op_name(value_of(dest_var)) in VIEW_OPS:
+        return []  # (a reshape-like op stays an op: what it reads is the copy, if any)
+    found = []
+    for part in parts:
+        for j, s in enumerate(part.sources):
+            if j not in part.mapping.data_sources() or not isinstance(s, relax.DataflowVar) \
+                    or any(s.same_as(f) for f, _ in found):
+                continue
+            value = value_of(s)
+            if not isinstance(value, relax.Call) or s in movement_vars:
+                continue
+            read_by = readers(s)
+            if read_by is None or not read_by or any(r not in movement_vars for r in read_by):
+                reason = "read elsewhere too: it keeps its own buffer (one store layout per tensor)"
+            elif fuses_into_copy(value, value_of, uses, pattern_of):
+                reason = "FuseOps fuses its producer into the copy (one kernel, as stock)"
+            else:
+                reason = None
+            found.append((s, reason))
+    return found
+
+
+def fuses_into_copy(value, value_of, uses, pattern_of) -> bool:
+    """Whether FuseOps puts the producer ``value`` in the group of the (injective) copy that
+    reads its result: element-wise, broadcast and injective ops fuse into an injective consumer,
+    unless they are the epilogue of a GEMM/conv (OutEWiseFusable) that they fuse into first;
+    reductions, GEMMs/convs and opaque kernels end their group. Predicted from op patterns
+    (:func:`vtc_tvm.analysis.op_pattern`); ``pattern_of(call)`` is None when unknown (then it is
+    taken as standing alone: the store side checks after fusion)."""
+    seen = 0
+    while seen < 16:
+        seen += 1
+        pattern = pattern_of(value)
+        if pattern is None or pattern >= COMM_REDUCE:
+            return False
+        if pattern > BROADCAST:
+            return True
+        # An element-wise/broadcast op: the epilogue of a tiled producer of one of its inputs?
+        inner = [value_of(a) for a in tensor_args(value) if isinstance(a, relax.DataflowVar) and uses.get(a, 0) == 1]
+        inner = [v for v in inner if isinstance(v, relax.Call)]
+        if any(pattern_of(v) == OUT_EWISE_FUSABLE for v in inner):
+            return False
+        chain = [v for v in inner if pattern_of(v) is not None and pattern_of(v) <= BROADCAST]
+        if len(chain) != 1:
+            return True
+        value = chain[0]
+    return True
 
 
 def materialise_directly(value, vt, composed) -> bool:

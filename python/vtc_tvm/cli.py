@@ -67,7 +67,11 @@ def _model_args(p, target_default: str):
     p.add_argument("--ops", default=None, metavar="OP,OP",
                    help="restrict VirtualTensorize to these Relax ops (e.g. permute_dims,concat)")
     p.add_argument("--inplace", default="", metavar="PARAM,PARAM",
-                   help="parameters that may be updated in place (KV caches)")
+                   help="parameters that may be updated in place (KV caches): a static cache of fixed "
+                        "capacity written by ScatterND/ScatterElements/slice_scatter then gets only the new "
+                        "rows written. A grow-by-concat cache (Concat(past, new)) always copies its past rows "
+                        "into the new tensor (the caller's buffer has no room for them): give the model a "
+                        "static cache and name it here")
     p.add_argument("--profile", action="store_true",
                    help="time every accepted edge on the target's device and keep it only if not slower")
     p.add_argument("--seed", type=int, default=0, help="seed of the random inputs")

@@ -77,6 +77,62 @@ class PieceBox:
         out_index = [ana.simplify(_substitute(e, at_u)) for e in self.out_index]
         return lambda idx: [_substitute(e, dict(zip(src_vars, idx))) for e in out_index]
 
+    def inverse_onto(self, source_shape) -> "StoreRegion":
+        """The store index of the part of the source this piece reads: ``src_index`` must map
+        the box one-to-one onto a box ``lo <= i <= hi`` of the source (a split part, a slice;
+        the whole source is the case :meth:`inverse` handles); raise :class:`NotOneToOne` for a
+        read outside the source, or one that is not one-to-one onto a box (a broadcast, a
+        repeat, a strided slice: the bounding box is larger than the piece)."""
+        src_shape = [int(d) for d in source_shape]
+        if len(self.src_index) != len(src_shape):
+            raise NotOneToOne("the piece's source index does not match its source's rank")
+        ana = _bound(self.vars, self.extents)
+        bounds = [ana.const_int_bound(e) for e in self.src_index]
+        lo, hi = [int(b.min_value) for b in bounds], [int(b.max_value) for b in bounds]
+        if any(a < 0 or b >= n for a, b, n in zip(lo, hi, src_shape)):
+            raise NotOneToOne(f"the piece reads outside its source (rows {lo}..{hi} of {src_shape})")
+        sub = [b - a + 1 for a, b in zip(lo, hi)]
+        if math.prod(sub) != math.prod(self.extents):
+            raise NotOneToOne(f"the region a piece writes ({list(self.extents)}) is not one-to-one onto a box of "
+                              f"its source (bounding box {sub}): a broadcast, repeat or strided read")
+        shifted = PieceBox(self.source, self.vars, self.extents, self.out_index,
+                           tuple(ana.simplify(e - _i64(a)) if a else e for e, a in zip(self.src_index, lo)))
+        inner = shifted.inverse(sub)
+        index = (lambda idx: inner([i - _cast_like(i, a) if a else i for i, a in zip(idx, lo)])) if any(lo) else inner
+        return StoreRegion(index, tuple(lo), tuple(hi), tuple(src_shape))
+
+
+@dataclass(frozen=True)
+class StoreRegion:
+    """Where the elements ``lo <= i <= hi`` of a source are stored: ``index(i)`` in the
+    destination; ``whole`` when that is every element of the source."""
+
+    index: StoreIndex
+    lo: tuple
+    hi: tuple
+    shape: tuple
+
+    @property
+    def whole(self) -> bool:
+        return all(a == 0 for a in self.lo) and all(b == n - 1 for b, n in zip(self.hi, self.shape))
+
+    def contains(self, idx):
+        """The condition ``lo <= idx <= hi`` (only the axes that do not span the source)."""
+        conds = []
+        for i, a, b, n in zip(idx, self.lo, self.hi, self.shape):
+            if a > 0:
+                conds.append(i >= _cast_like(i, a))
+            if b < n - 1:
+                conds.append(i <= _cast_like(i, b))
+        return tirx.all(*conds) if conds else tirx.const(True)
+
+    def overlaps(self, other: "StoreRegion") -> bool:
+        return all(a <= d and c <= b for a, b, c, d in zip(self.lo, self.hi, other.lo, other.hi))
+
+
+def _cast_like(e, value: int):
+    return tirx.IntImm(str(e.ty), value)
+
 
 def store_maps(mapping: Mapping) -> List[PieceBox]:
     """The pieces of ``mapping``, each as a box of the output (see the module docstring), or

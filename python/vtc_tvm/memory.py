@@ -34,7 +34,8 @@ its first producer). Op patterns of high-level ops come from legalizing each dis
 (:func:`op_pattern_of`, cached per structure).
 
 The store side (:func:`store_side`) is predicted after fusion as :mod:`vtc_tvm.stores` decides
-there: a copy launch of one-to-one copies whose inputs' producers nothing else reads.
+there: a copy launch the plan marked (its store edges, :attr:`vtc_tvm.plan.Plan.stores`), of
+one-to-one copies whose planned inputs' producers nothing else reads.
 
 Limits: 1. sizes must be static (a symbolic size makes the prediction None, as the census's);
 2. the store side may still refuse a producer the prediction redirects (DLight cannot schedule
@@ -202,17 +203,20 @@ class Launch:
     dataflow_var: bool = True
 
 
-def predict(function: Function, stores: Optional[dict] = None, applied: Optional[set] = None) -> Optional[int]:
+def predict(function: Function, stores: Optional[dict] = None, applied: Optional[set] = None,
+            unmodelled: Optional[set] = None) -> Optional[int]:
     """Planned bytes of ``function`` (None where a size is symbolic). ``stores``: the store
-    side runs after fusion, honouring this ``{destination name: allowed}`` map (the plan's
-    ``vtc.store_side`` attribute); None: no store side (stock). ``applied`` receives the names
-    of the destinations the store side rewrites."""
+    side runs after fusion on the plan's store edges, ``{destination name: names of the
+    sources whose producers store into it}`` (:meth:`vtc_tvm.plan.Plan.store_side`, what the
+    emitter marks with ``vtc.store_plan``); None: no store side (stock). ``applied`` receives
+    the names of the destinations the store side rewrites, ``unmodelled`` those whose stores
+    it does not predict (a multi-output copy after fusion)."""
     found = fused_launches(function)
     if found is None:
         return None
     events, kernels = found
     if stores is not None:
-        events = store_side(events, kernels, stores, applied)
+        events = store_side(events, kernels, stores, applied, unmodelled)
     return replay(events)
 
 
@@ -417,16 +421,22 @@ def _group_members(group: relax.Function, node_of_gv) -> Tuple[int, ...]:
 
 
 # -- the store side -----------------------------------------------------------------------------
-def store_side(events: list, kernels: List[Kernel], allowed: dict, applied: Optional[set] = None) -> list:
+def store_side(events: list, kernels: List[Kernel], allowed: dict, applied: Optional[set] = None,
+               unmodelled: Optional[set] = None) -> list:
     """``events`` after :mod:`vtc_tvm.stores` (after fusion, as it decides there):
 
-    * a copy launch (one output, every record fused into it a one-to-one copy, not a view) that
-      ``allowed`` does not forbid by its name: each input produced by a launch of one output and
-      read by nothing else is written by its producer straight into the copy's output, which is
-      then allocated by the first of them; the pieces left (at most one, else nothing changes)
-      stay one in-place copy;
-    * an in-place update whose rows come from a launch read by nothing else: that producer runs
-      in the update's place and writes into the updated tensor.
+    * a copy launch (every record fused into it a one-to-one copy or a destination of the plan,
+      not a view) that ``allowed`` names (the plan's destinations, by the records it fuses): each input whose name ``allowed`` lists for it,
+      produced by a launch of one output and read by nothing else, is written by its producer
+      straight into the copy's output (the producer's own buffer is gone), which is then
+      allocated by the first of them; the pieces left (at most one, else nothing changes) stay
+      one in-place copy;
+    * an in-place update that ``allowed`` names, whose rows come from a launch read by nothing
+      else: that producer runs in the update's place and writes into the updated tensor.
+
+    A split destination (every part stored, or none) is modelled; a copy that FuseOps fuses with
+    a split after it into a multi-output kernel is not: its name goes to ``unmodelled`` (the
+    memory constraint takes its stores back).
     """
     launches = {ev[1].key: ev[1] for ev in events if ev[0] == "launch"}
     uses: Dict[int, int] = {}
@@ -450,26 +460,41 @@ def store_side(events: list, kernels: List[Kernel], allowed: dict, applied: Opti
         if ev[0] != "launch":
             continue
         dest = ev[1]
+        # The plan's destination among the records fused into the launch (FuseOps names the
+        # group after its last record: a reshape after the copy, say).
+        names = [kernels[m].var.name for m in dest.members if kernels[m].var.name in allowed] or \
+            ([dest.name] if dest.name in allowed else [])
+        if not names:
+            continue  # (the store side executes only the plan's marked destinations)
+        planned = set(allowed[names[0]])
         if dest.inplace is not None:
             rows = dest.reads[0] if dest.reads else None
             p = producer(rows) if dest.inplace == len(dest.reads) - 1 and len(dest.members) == 1 else None
             if p is not None and rows not in into and dest.reads.count(rows) == 1:
                 deferred[dest.key] = p
             continue
-        if dest.view or len(dest.outputs) != 1 or not all(kernels[m].one_to_one for m in dest.members) \
-                or not bool(allowed.get(dest.name, True)):
+        # A split destination (the plan's own multi-output copy) is modelled; a single-output
+        # copy that FuseOps fused with a split after it is not.
+        multi = len(dest.outputs) != 1
+        own = next((kernels[m] for m in dest.members if kernels[m].var.name == names[0]), None)
+        if multi and not (own is not None and isinstance(own.var.ty, relax.TupleType)):
+            if unmodelled is not None:
+                unmodelled.add(names[0])
+            continue
+        if dest.view or not all(kernels[m].one_to_one or kernels[m].var.name in allowed for m in dest.members):
             continue
         srcs = dest.reads
-        stored = [r for r in srcs if producer(r) is not None and srcs.count(r) == 1 and r not in into]
+        stored = [r for r in srcs if producer(r) is not None and srcs.count(r) == 1 and r not in into
+                  and any(kernels[m].var.name in planned for m in producer(r).members)]
         left = [r for r in srcs if r not in stored]
-        if not stored or len(left) > 1:
+        if not stored or len(left) > (0 if multi else 1):  # (a multi-output copy: as a whole or not at all)
             continue
         first = min(stored, key=lambda r: _position(events, r))
         for r in stored:
             into[r] = (dest.key, r == first)
         rest[dest.key] = left
         if applied is not None:
-            applied.add(dest.name)
+            applied.add(names[0])
     if not into and not deferred:
         return events
     moved = {p.key for p in deferred.values()}

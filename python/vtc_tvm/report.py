@@ -57,7 +57,8 @@ def fused_module(mod: tvm.IRModule, target, stores: bool = False) -> tvm.IRModul
 def kernel_census(mod: tvm.IRModule, target, stores: bool = False, fused: tvm.IRModule = None) -> dict:
     """Kernels launched by ``main`` after TVM's fusion, how many only move data, and planned memory.
 
-    Returns ``kernels``, ``data_movement`` (kernels whose PrimFunc ``is_data_movement``),
+    Returns ``kernels``, ``data_movement`` (kernels whose PrimFunc ``is_data_movement``; their
+    names in ``data_movement_kernels``),
     ``planned_bytes`` (intermediate storage after static memory planning; outputs excluded) and
     ``memory_estimate`` (the text of ``relax.analysis.estimate_memory_usage``). ``stores`` adds
     the store side after ``FuseTIR``, as the ``"vtc"`` pipeline does. ``fused``: ``mod`` already
@@ -70,9 +71,11 @@ def kernel_census(mod: tvm.IRModule, target, stores: bool = False, fused: tvm.IR
         mod = fused if fused is not None else fused_module(mod, target, stores)
         kernels = _calls(mod["main"], _KERNEL_CALLS)
         planned = tvm.transform.Sequential(_census_passes(target, stores)[1])(mod)
+    movers = [c.args[0].name_hint for c in kernels if is_data_movement(mod[c.args[0]])]
     return {
         "kernels": len(kernels),
-        "data_movement": sum(bool(is_data_movement(mod[c.args[0]])) for c in kernels),
+        "data_movement": len(movers),
+        "data_movement_kernels": movers,
         "planned_bytes": _planned_bytes(planned["main"]),
         "memory_estimate": _memory_estimate(planned),
     }

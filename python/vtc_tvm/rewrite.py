@@ -193,27 +193,48 @@ def redirect_output(func: tirx.PrimFunc, dest_shape, store_index, name="dest",
     become parameters before ``dest``). The rest of ``dest`` is left as it is, so the PrimFunc
     serves ``call_tir`` (fresh ``dest``) and ``call_tir_inplace`` (``dest`` passed in, updated).
     """
+    return redirect_output_parts(func, [(dest_shape, store_index, None, name)], extra_params)
+
+
+def redirect_output_parts(func: tirx.PrimFunc, dests, extra_params=()) -> tirx.PrimFunc:
+    """:func:`redirect_output` into several buffers: ``dests`` is a list of ``(shape,
+    store_index, where, name)``, and element ``i`` of the output goes to the first destination
+    whose ``where(i)`` holds (``None``: everywhere), at ``store_index(i)``; elements no
+    destination takes are not stored (nothing reads them). A load of ``out[i]`` (a reduction's
+    accumulator) reads where ``i`` was stored. The destinations are the last parameters, in
+    order, after ``extra_params``."""
     out = func.params[-1]
-    dest = new_buffer(dest_shape, out.dtype, name)
+    bufs = [new_buffer(shape, out.dtype, name) for shape, _, _, name in dests]
+    probe = [tirx.Var(f"i{k}", "int64") for k in range(len(out.shape))]
     # Checked here: raised inside the structural map below, it would surface as a RuntimeError.
-    if len(store_index([tirx.Var(f"i{k}", "int64") for k in range(len(out.shape))])) != len(dest_shape):
+    if any(len(index(probe)) != len(shape) for shape, index, _, _ in dests):
         raise NotRewritable("the store index does not match the destination's rank")
 
-    def moved(idx):
-        return [_cast(e, str(idx[0].ty)) if idx else e for e in store_index(list(idx))]
+    def moved(index, idx):
+        return [_cast(e, str(idx[0].ty)) if idx else e for e in index(list(idx))]
 
     def on_store(store):
-        if store.buffer.same_as(out):
-            return tirx.BufferStore(dest, store.value, moved(store.indices))
-        return store
+        if not store.buffer.same_as(out):
+            return store
+        stmt = None
+        for buf, (_, index, where, _) in reversed(list(zip(bufs, dests))):
+            put = tirx.BufferStore(buf, store.value, moved(index, store.indices))
+            stmt = put if where is None else tirx.IfThenElse(where(list(store.indices)), put, stmt)
+        return stmt if stmt is not None else tirx.Evaluate(0)
 
     def on_load(load):
-        return tirx.BufferLoad(dest, moved(load.indices)) if load.source.same_as(out) else load
+        if not load.source.same_as(out):
+            return load
+        value = tirx.const(0, str(out.dtype))
+        for buf, (_, index, where, _) in reversed(list(zip(bufs, dests))):
+            got = tirx.BufferLoad(buf, moved(index, load.indices))
+            value = got if where is None else tirx.if_then_else(where(list(load.indices)), got, value)
+        return value
 
     body = tvm_ffi.structural_map(func.body, [(tirx.BufferStore, on_store), (TensorLoad, on_load)],
                                   order="post")
-    params = list(func.params[:-1]) + list(extra_params) + [dest]
-    body = _refresh_regions(body, params, touched={dest})
+    params = list(func.params[:-1]) + list(extra_params) + bufs
+    body = _refresh_regions(body, params, touched=set(bufs))
     return tirx.PrimFunc(params, body, ret_type=func.ret_type, attrs=func.attrs)
 
 

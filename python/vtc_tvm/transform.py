@@ -6,9 +6,10 @@ rewrite. Every consumer whose edges the plan takes gets a copy of its PrimFunc t
 physical sources through the mapping (recorded in the PrimFunc attribute
 ``vtc.virtual_inputs``). Movement ops left without users disappear (``DeadCodeElimination``);
 the ones still used (function outputs, opaque or external consumers, rejected edges) are
-materialised once, directly from the physical sources. Store-side decisions travel in the
-module attribute ``vtc.store_side`` ({concat variable name: allowed}), read by
-:mod:`vtc_tvm.stores` after ``FuseTIR``.
+materialised once, directly from the physical sources. A destination of the store side the
+plan chose is materialised by a copy kernel of ours whose blocks say which producers store into
+it (:func:`vtc_tvm.stores.mark_store_plan`); :mod:`vtc_tvm.stores` executes that after
+``FuseTIR``.
 
 The result is an ordinary Relax module: ``tvm.compile(mod, target)`` and the default pipelines
 compile it unchanged.
@@ -25,7 +26,6 @@ from tvm.relax.expr_functor import mutator
 
 from .candidates import Walker, cached_rewrite
 from .rewrite import NotRewritable
-from .stores import STORE_SIDE_ATTR
 from .strategy import Decision
 
 logger = logging.getLogger("vtc_tvm")
@@ -41,6 +41,9 @@ class _Emitter(Walker):
 
     def finish_function(self, func):
         return _hoist(func, self.rewritten)
+
+    def planned_stores(self, var) -> set:
+        return self.plan.stores.get(var, set())
 
     def decide(self, arg, var, vt, func, index, name, pattern):
         decision = self.plan.choice.get((arg, var))
@@ -172,9 +175,6 @@ def VirtualTensorize(
             return mod
         out = relax.transform.DeadCodeElimination()(
             _Emitter(mod, chosen, None if ops is None else set(ops), tgt, inplace).transform())
-        stores = chosen.store_side()
-        if stores:
-            out = out.with_attr(STORE_SIDE_ATTR, stores)
         for row in chosen.rows:
             logger.info("%s -> %s: %s (%s)", row["tensor"], row["consumer"],
                         "virtual" if row["virtual"] else "physical", row["reason"])
