@@ -43,8 +43,7 @@ from tvm.relax.expr_functor import PyExprMutator
 from . import inplace as inplace_updates
 from .analysis import call_tir_kernel, contiguity, index_copy_mapping, op_pattern
 from .mapping import Mapping, Piece, VirtualTensor, _rebind_loads, _substitute, new_buffer
-from .rewrite import _OUTCOMES as DLIGHT_OUTCOMES
-from .rewrite import NotRewritable, best_schedulable, check_schedulable, rewritten_forms
+from .rewrite import NotRewritable, best_schedulable, check_schedulable, clear_schedule_cache, rewritten_forms
 from .rules import Unsupported, get_rule, is_builtin_rule
 from .strategy import Decision, pins_too_much
 
@@ -87,8 +86,9 @@ _BY_ID = _Bounded(16384)     # ids of objects -> (objects, derived value): hashe
 
 def clear_caches():
     """Forget everything derived so far (a cold compile, as in a fresh process)."""
-    for cache in (REWRITES, CONTIGUITY, MOVEMENTS, INDEX_COPIES, PATTERNS, _BY_ID, DLIGHT_OUTCOMES):
+    for cache in (REWRITES, CONTIGUITY, MOVEMENTS, INDEX_COPIES, PATTERNS, _BY_ID):
         cache.clear()
+    clear_schedule_cache()
 
 
 def _identity(obj) -> int:
