@@ -1,6 +1,6 @@
 """Planned memory per workload, stock vs vtc, and the plan's own prediction (issue 12).
 
-``python -m benchmarks.memory_census [--label after] [--targets llvm,cuda] [--only NAME ...]``
+``python -m benchmarks.memory_census [--label after] [--targets llvm,cuda] [--only NAME ...] [--pass-time]``
 adds one column set (``--label``) to ``benchmarks/results/memory_census.json`` and rewrites
 ``memory_census.md``. Per case (the repo's workloads at small and real size, whole ShuffleNetV2
 at batch 1 and 16, YOLO11n and EfficientViT-B1 at small size; LLVM and CUDA, compiled for
@@ -63,12 +63,44 @@ def census(name, size, batch, dtype, tname):
             "pass_s": round(pass_s, 2)}
 
 
+PASS_TIME_CASES = [("shufflenet_v2_whole", "real", 1, "float32"), ("yolo11n", "small", 1, "float32"),
+                   ("efficientvit_b1", "small", 1, "float32"), ("shufflenet_v2", "real", 1, "float16"),
+                   ("llama_decode", "real", 1, "float16")]
+
+
+def pass_time(rounds: int = 3) -> list:
+    """Seconds of the pass on LLVM with and without the memory constraint, interleaved rounds
+    after a warm-up (caches of rewrites and op patterns filled), medians."""
+    import statistics
+
+    from benchmarks.whole_models import WHOLE_WORKLOADS
+    from benchmarks.workloads import WORKLOADS
+
+    target = tvm.target.Target("llvm")
+    rows = []
+    for name, size, batch, dtype in PASS_TIME_CASES:
+        wl = WORKLOADS.get(name) or WHOLE_WORKLOADS[name]
+        mod = wl.build(wl.config(size, batch, dtype))
+        times = {False: [], True: []}
+        for guard in (False, True):
+            vtc_tvm.VirtualTensorize(target=target, memory_guard=guard)(mod)  # warm-up
+        for _ in range(rounds):
+            for guard in (False, True):
+                start = time.perf_counter()
+                vtc_tvm.VirtualTensorize(target=target, memory_guard=guard)(mod)
+                times[guard].append(time.perf_counter() - start)
+        rows.append({"case": f"{name}/{size}/b{batch}/llvm", "without_s": round(statistics.median(times[False]), 2),
+                     "with_s": round(statistics.median(times[True]), 2)})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
 def _mib(n):
     return "-" if n is None else f"{n / 2**20:.3f}"
 
 
 def markdown(data) -> str:
-    labels = sorted(data, key=lambda lab: lab != "before")
+    labels = sorted((lab for lab in data if lab != "pass_time"), key=lambda lab: lab != "before")
     md = ["# Planned memory per workload: stock vs vtc (issue 12)", "",
           "Columns: " + ", ".join(f"{lab} = commit {data[lab]['commit']}" for lab in labels) + ". "
           "Planned MiB = `StaticPlanBlockMemory`'s storage (intermediates; outputs excluded), from "
@@ -94,6 +126,12 @@ def markdown(data) -> str:
         pred = last and last["predicted"]["vtc"]
         match = "-" if not pred else ("yes" if pred[0] == last["vtc"]["planned_bytes"] else f"no ({pred[0]})")
         md.append(f"| {key} | {_mib(stock['planned_bytes'])} | " + " | ".join(cells) + f" | {match} |")
+    if "pass_time" in data:
+        t = data["pass_time"]
+        md += ["", f"## The pass with and without the memory constraint (commit {t['commit']}, LLVM)", "",
+               "Medians of interleaved rounds after a warm-up, on the same shared 2-core machine.", "",
+               "| case | without s | with s |", "|---|---|---|"]
+        md += [f"| {r['case']} | {r['without_s']} | {r['with_s']} |" for r in t["rows"]]
     return "\n".join(md) + "\n"
 
 
@@ -104,12 +142,16 @@ def main(argv=None):
     ap.add_argument("--only", nargs="*", default=None, help="case names (prefixes) to run")
     ap.add_argument("--md-only", action="store_true", help="rewrite the .md from the .json")
     ap.add_argument("--commit", help="the commit of the vtc_tvm that runs (default: git of its directory)")
+    ap.add_argument("--pass-time", action="store_true", help="time the pass with and without the constraint")
     args = ap.parse_args(argv)
     path = RESULTS / "memory_census.json"
     data = json.loads(path.read_text()) if path.exists() else {}
-    if not args.md_only:
-        commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                               text=True, cwd=Path(vtc_tvm.__file__).parent).stdout.strip()
+    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                           text=True, cwd=Path(vtc_tvm.__file__).parent).stdout.strip()
+    if args.pass_time:
+        data["pass_time"] = {"commit": commit, "rows": pass_time()}
+        path.write_text(json.dumps(data, indent=1))
+    elif not args.md_only:
         rows = []
         for case in cases(args.targets.split(",")):
             if args.only and not any(case[0].startswith(o) for o in args.only):

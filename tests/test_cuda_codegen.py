@@ -172,3 +172,78 @@ def test_gqa_pv_at_batch_1_sums_in_a_tree(ctx):
     with target:
         rule = type(_dlight_rules()[_dlight_rule(func, target)]).__name__
     assert rule == ("Matmul" if ctx < SERIAL_HALF_TERMS else "Reduction"), rule
+
+
+def _original_first(original, candidates, target):
+    """``best_schedulable`` as it was first written, the reference: the original's DLight rule,
+    then every form's (no verdict shared, nothing skipped)."""
+    from vtc_tvm.rewrite import (SERIAL_HALF_TERMS, _TREE_RULES, NotRewritable, _dlight_rules, _dlight_schedule,
+                                 _serial_half_terms)
+
+    names = [type(r).__name__ for r in _dlight_rules()] + ["none"]
+    with target:
+        before = _dlight_schedule(original, target)[0]
+        ranked, failures = [], []
+        for k, func in enumerate(candidates):
+            try:
+                rule, sch = _dlight_schedule(func, target)
+            except Exception as err:  # noqa: BLE001
+                lines = [ln for ln in str(err).splitlines() if ln.strip()]
+                failures.append(lines[-1][:200] if lines else type(err).__name__)
+                continue
+            serial = _serial_half_terms(func, rule, sch)
+            if names[before] in _TREE_RULES and serial >= SERIAL_HALF_TERMS:
+                failures.append(f"serial {serial}")
+                continue
+            ranked.append((rule, k))
+    if ranked and min(ranked)[0] <= before:
+        return min(ranked)[1]
+    return NotRewritable(f"{names[min(ranked)[0]]} instead of {names[before]}" if ranked else failures[0])
+
+
+def test_best_schedulable_chooses_what_trying_the_original_first_chooses(monkeypatch):
+    """``best_schedulable`` runs the forms first and the original's rules only below the forms'
+    best (and shares verdicts between calls): on every edge of the GPU workloads (GQA reads at a
+    short and a long context included) it picks the form, or gives the reason, that trying the
+    original's rules first gives."""
+    import tvm_ffi
+
+    import vtc_tvm
+    from benchmarks.workloads import WORKLOADS
+    from vtc_tvm import candidates, rewrite
+    from vtc_tvm.pipeline import cuda_target as vtc_cuda_target
+
+    target = vtc_cuda_target()
+    calls = []
+
+    def recorded(original, forms, tgt):
+        try:
+            got = rewrite.best_schedulable(original, forms, tgt)
+        except rewrite.NotRewritable as err:
+            got = err
+        calls.append((original, forms, tgt, got))
+        if isinstance(got, Exception):
+            raise got
+        return got
+
+    monkeypatch.setattr(candidates, "best_schedulable", recorded)
+    mods = [_gqa_pv(1, 256), _gqa_pv(1, 4096), _gqa_pv(16, 4096)]
+    for name in ("llama_decode", "gemma2_decode", "effvit_attn", "yolo_c3k2", "shufflenet_unit"):
+        wl = WORKLOADS[name]
+        mods.append(wl.build(wl.config("small", 1, "float16")))
+    wl = WORKLOADS["llama_decode"]
+    mods.append(tvm.relax.transform.LegalizeOps()(wl.build(wl.config("small", 1, "float32"))))
+    for mod in mods:
+        for strategy in ("contiguity", "all"):  # "all" offers edges DLight then refuses
+            candidates.clear_caches()
+            vtc_tvm.VirtualTensorize(target=target, strategy=strategy)(mod)
+    assert len(calls) > 20 and any(isinstance(c[3], rewrite.NotRewritable) for c in calls)
+    for original, forms, tgt, got in calls:
+        want = _original_first(original, forms, tgt)
+        if isinstance(want, int):
+            assert not isinstance(got, Exception) and tvm_ffi.structural_equal(got, forms[want]) \
+                and got.same_as(forms[want]), (want, got)
+        else:
+            assert isinstance(got, rewrite.NotRewritable), (want, got)
+            if "instead of" in str(want):
+                assert str(want) in str(got), (want, got)

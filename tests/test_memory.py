@@ -97,6 +97,19 @@ def test_model_is_the_planner_on_random_graphs(seed):
     _check_against_planner(_random_graph(seed))
 
 
+def test_model_follows_tuple_variables_and_non_tensor_bindings():
+    """A concat of a tuple bound to a variable (LegalizeOps passes its fields, and the dead tuple
+    does not keep FuseOps from fusing the ReLU into the concat) and a shape value nothing plans."""
+    def body(x, w):
+        a = emit(R.matmul(x, w))
+        both = emit(relax.Tuple([a, emit(R.nn.relu(a))]))
+        c = emit(R.concat(both, axis=1))
+        emit(R.shape_of(c))
+        return R.sum(emit(R.permute_dims(c)), axis=[0])
+
+    _check_against_planner(make_module([((16, 16), "float32"), ((16, 16), "float32")], body))
+
+
 @pytest.mark.parametrize("name", list(WORKLOADS))
 def test_workloads_plan_at_most_stock(name):
     """Every workload of the repo (small, LLVM): the predictions are the planner's numbers and

@@ -49,8 +49,7 @@ from . import inplace as inplace_updates
 from .analysis import (BROADCAST, COMM_REDUCE, OUT_EWISE_FUSABLE, call_tir_kernel, contiguity, index_copy_mapping,
                        index_copy_mappings, op_pattern)
 from .mapping import Mapping, Piece, VirtualTensor, _rebind_loads, _substitute, is_static, lowering_safe, new_buffer
-from .rewrite import _OUTCOMES as DLIGHT_OUTCOMES
-from .rewrite import NotRewritable, best_schedulable, check_schedulable, rewritten_forms
+from .rewrite import NotRewritable, best_schedulable, check_schedulable, clear_schedule_cache, rewritten_forms
 from .rules import Unsupported, get_rule, is_builtin_rule
 from .stores import is_view, mark_store_plan
 from .strategy import Decision, pins_too_much
@@ -94,8 +93,9 @@ _BY_ID = _Bounded(16384)     # ids of objects -> (objects, derived value): hashe
 
 def clear_caches():
     """Forget everything derived so far (a cold compile, as in a fresh process)."""
-    for cache in (REWRITES, CONTIGUITY, MOVEMENTS, INDEX_COPIES, PATTERNS, _BY_ID, DLIGHT_OUTCOMES):
+    for cache in (REWRITES, CONTIGUITY, MOVEMENTS, INDEX_COPIES, PATTERNS, _BY_ID):
         cache.clear()
+    clear_schedule_cache()
 
 
 def _identity(obj) -> int:

@@ -49,6 +49,7 @@ modelled here.
 from __future__ import annotations
 
 import bisect
+import logging
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -59,6 +60,7 @@ from tvm.ir import Op
 
 from .analysis import OPAQUE, op_pattern
 
+logger = logging.getLogger("vtc_tvm")
 CALL_TIR = Op.get("relax.call_tir")
 CALL_TIR_INPLACE = Op.get("relax.call_tir_inplace")
 # Reshape-like ops: RewriteDataflowReshape makes a lone one a view of its input.
@@ -210,8 +212,13 @@ def predict(function: Function, stores: Optional[dict] = None, applied: Optional
     sources whose producers store into it}`` (:meth:`vtc_tvm.plan.Plan.store_side`, what the
     emitter marks with ``vtc.store_plan``); None: no store side (stock). ``applied`` receives
     the names of the destinations the store side rewrites, ``unmodelled`` those whose stores
-    it does not predict (a multi-output copy after fusion)."""
-    found = fused_launches(function)
+    it does not predict (a multi-output copy after fusion). A function the model cannot follow
+    (control flow, an unexpected binding) is logged and predicted None, like a symbolic one."""
+    try:
+        found = fused_launches(function)
+    except Exception as err:  # noqa: BLE001 - no prediction: the plan's constraint does not apply
+        logger.warning("planned memory not predicted: %s: %s", type(err).__name__, err)
+        return None
     if found is None:
         return None
     events, kernels = found
@@ -317,16 +324,35 @@ def _skeleton(kernels: List[Kernel], function: Function):
                 params.setdefault(r)
     remap = {p: relax.Var(p.name, p.ty) for p in params}
     read_later = _read_after_block(kernels, function.outputs)
+    fields_of = {k.var: list(k.alias.fields) for k in kernels if isinstance(k.alias, relax.Tuple)}
+    # A tuple only kernels read is passed field by field: it is no binding of its own (LegalizeOps
+    # leaves it dead), which FuseOps would count as one more reader of each field.
+    named = set(function.outputs) | {v for k in kernels if k.alias is not None and not isinstance(k.alias, relax.Tuple)
+                                     for v in relax.analysis.free_vars(k.alias)}
+    for k in reversed(kernels):  # (a tuple of tuples names its fields)
+        if isinstance(k.alias, relax.Tuple) and k.var in named:
+            named.update(relax.analysis.free_vars(k.alias))
 
     def emit(lo, hi, dataflow):
         for n in range(lo, hi):
             k = kernels[n]
+            if isinstance(k.alias, relax.Tuple) and k.var not in named:
+                continue
             if k.alias is not None:
                 value = _remap_expr(k.alias, remap)
             elif n not in gv_of:
                 continue
             else:
-                args = [remap[r] for r in k.reads if r in remap]
+                args = []
+                for r in k.reads:
+                    if r in fields_of:  # a tuple's fields are the arguments (as LegalizeOps passes them)
+                        args += [remap[f] if isinstance(f, relax.Var) and f in remap else f for f in fields_of[r]
+                                 if not isinstance(f, relax.Var) or f in remap]
+                    elif r in remap and isinstance(r.ty, relax.TupleType):
+                        args += [bb.emit(relax.TupleGetItem(remap[r], i)) for i in range(len(r.ty.fields))]
+                    elif r in remap:
+                        args.append(remap[r])
+                args = [a for a in args if isinstance(a, relax.Var)]
                 value = (relax.call_tir_inplace(gv_of[n], args, [k.inplace], out_ty=_out_ty(k.var.ty))
                          if k.inplace is not None else relax.call_tir(gv_of[n], args, out_ty=_out_ty(k.var.ty)))
             remap[k.var] = bb.emit(value, name_hint=k.var.name)

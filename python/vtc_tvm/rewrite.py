@@ -341,9 +341,7 @@ def _dlight_outcome(func: tirx.PrimFunc, target):
             found = (rule, _serial_half_terms(func, rule, sch))
         except Exception as err:  # noqa: BLE001 - re-raised to every caller, as DLight raised it
             found = err
-        _OUTCOMES[key] = found
-        while len(_OUTCOMES) > _OUTCOMES_LIMIT:
-            _OUTCOMES.popitem(last=False)
+        _remember(key, found)
     if isinstance(found, Exception):
         raise found
     return found
@@ -352,6 +350,50 @@ def _dlight_outcome(func: tirx.PrimFunc, target):
 def _dlight_rule(func: tirx.PrimFunc, target) -> int:
     """Index of the first default DLight rule that schedules ``func`` (raises on failure)."""
     return _dlight_outcome(func, target)[0]
+
+
+_NONE_BELOW = OrderedDict()  # (structural hash, target) -> k: none of the first k rules schedules it
+
+
+def _dlight_rule_below(func: tirx.PrimFunc, target, limit: int):
+    """The index of the first default DLight rule that schedules ``func`` if it is below
+    ``limit``, else None (rules from ``limit`` on are not tried); raises what DLight raised."""
+    key = (tvm_ffi.structural_hash(func), str(target))
+    found = _OUTCOMES.get(key)
+    if found is not None:
+        if isinstance(found, Exception):
+            raise found
+        return found[0] if found[0] < limit else None
+    rules = _dlight_rules()
+    start = _NONE_BELOW.get(key, 0)
+    for i in range(start, min(limit, len(rules))):
+        try:
+            sch = rules[i].apply(func, target, False)
+        except Exception as err:  # noqa: BLE001 - what the full search would have raised here too
+            _remember(key, err)
+            raise
+        if sch is not None:
+            _remember(key, (i, _serial_half_terms(func, i, sch)))
+            return i
+    if limit >= len(rules):
+        _remember(key, (len(rules), 0))  # no rule at all: the full search's answer
+    else:
+        _NONE_BELOW[key] = max(start, limit)
+        while len(_NONE_BELOW) > _OUTCOMES_LIMIT:
+            _NONE_BELOW.popitem(last=False)
+    return None
+
+
+def clear_schedule_cache():
+    """Forget DLight's verdicts (a cold compile)."""
+    _OUTCOMES.clear()
+    _NONE_BELOW.clear()
+
+
+def _remember(key, outcome):
+    _OUTCOMES[key] = outcome
+    while len(_OUTCOMES) > _OUTCOMES_LIMIT:
+        _OUTCOMES.popitem(last=False)
 
 
 def _dlight_schedule(func: tirx.PrimFunc, target):
@@ -413,21 +455,39 @@ def best_schedulable(original: tirx.PrimFunc, candidates, target) -> tirx.PrimFu
         return candidates[0]
     names = [type(r).__name__ for r in _dlight_rules()] + ["none"]
     with target:
-        before = _dlight_rule(original, target)
-        ranked, failures = [], []
-        for k, func in enumerate(candidates):
+        # The forms first, then the original only as far as the answer needs: a form's rule can
+        # only lose to a more specialised (earlier) rule of the original, so the original's rules
+        # from the forms' best one on are not run (its exact rule is needed only where the
+        # 16-bit serial-sum check below depends on it). Same choice and reasons as trying the
+        # original's rules first; an error DLight would raise on the original in a rule past
+        # that point is not provoked.
+        outcomes = []
+        for func in candidates:
             try:
-                rule, serial = _dlight_outcome(func, target)
+                outcomes.append(_dlight_outcome(func, target))
             except Exception as err:  # noqa: BLE001 - a scheduling failure rules the form out
                 lines = [ln for ln in str(err).splitlines() if ln.strip()]
-                failures.append(lines[-1][:200] if lines else type(err).__name__)
+                outcomes.append(lines[-1][:200] if lines else type(err).__name__)
                 continue
-            if names[before] in _TREE_RULES and serial >= SERIAL_HALF_TERMS:
+            if outcomes[-1][0] == 0 and outcomes[-1][1] < SERIAL_HALF_TERMS:
+                break  # the most specialised rule, never refused: no later form can be preferred
+        scheduled = [o for o in outcomes if not isinstance(o, str)]
+        if not scheduled or any(serial >= SERIAL_HALF_TERMS for _, serial in scheduled):
+            before = _dlight_rule(original, target)
+        else:
+            before = _dlight_rule_below(original, target, min(rule for rule, _ in scheduled))
+        ranked, failures = [], []
+        for k, outcome in enumerate(outcomes):
+            if isinstance(outcome, str):
+                failures.append(outcome)
+                continue
+            rule, serial = outcome
+            if before is not None and names[before] in _TREE_RULES and serial >= SERIAL_HALF_TERMS:
                 failures.append(f"DLight's Matmul rule (no tensor cores) would add {serial} 16-bit terms in "
                                 f"one register where {names[before]} sums them in a tree")
                 continue
             ranked.append((rule, k))
-    if ranked and min(ranked)[0] <= before:
+    if ranked and (before is None or min(ranked)[0] <= before):
         return candidates[min(ranked)[1]]
     if ranked:
         raise NotRewritable(f"DLight would schedule the rewritten consumer with "
