@@ -21,7 +21,9 @@ records the edge and its rewrite, the emitter looks the plan's decision up.
 
 Every rewrite of a consumer (and DLight's verdict on it) is computed once per (structural hash
 of the consumer PrimFunc, parameter, mapping, target) in :data:`REWRITES`, so identical layers
-(32 decoder layers of a Llama) cost one layer, and the emitter reuses the collector's work.
+(32 decoder layers of a Llama) cost one layer, and the emitter reuses the collector's work. So
+are the walk's own facts (a built-in rule's mapping per call structure, a legalization per call,
+a composition per pair of mappings, copy kernels, op patterns): see the caches below.
 
 Limits: 1. a tensor is a view of one composed mapping over its sources (chains compose as far as
 :func:`vtc_tvm.strategy.pins_too_much` allows); which intermediate movement results stay
@@ -176,8 +178,8 @@ def mapping_key(mapping) -> int:
 
 
 def _expr_key(e):
-    """What a rule or a legalization can see of an argument: a variable's type (symbolic dims
-    by identity), a tuple's fields, anything else (constants, shapes, prim values) in full."""
+    """What a built-in rule can see of an argument: a variable's type (symbolic dims by
+    identity), a tuple's fields, anything else (constants, shapes, prim values) in full."""
     if isinstance(e, relax.Var):
         return ("var", tvm_ffi.structural_hash(e.ty))
     if isinstance(e, relax.Tuple):
@@ -187,7 +189,7 @@ def _expr_key(e):
 
 def call_key(call, args=None) -> tuple:
     """Structural key of ``call`` up to the identity of its variables: two calls with equal
-    keys legalize to equal PrimFuncs and have equal rule mappings (over the same positions)."""
+    keys have equal built-in rule mappings (over the sources at the same positions)."""
     args = call.args if args is None else args
     return (call.op.name, None if call.attrs is None else tvm_ffi.structural_hash(call.attrs),
             tuple(_expr_key(a) for a in args), tvm_ffi.structural_hash(call.ty),
