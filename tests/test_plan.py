@@ -242,3 +242,16 @@ def test_a_gather_of_a_gather_of_the_same_structure_composes_correctly(rng):
     assert any(n.name_hint.startswith("exp_vtc") for n in out.get_global_vars())
     inputs = random_inputs(params, rng)
     assert_outputs_equal(run(out, inputs), run(mod, inputs))
+
+
+def test_cached_rule_mapping_keeps_argument_aliasing(rng):
+    """Rule mappings are cached per call structure: ``concat([a, a])`` derives a mapping over one
+    source, and re-attached to a later ``concat([x, y])`` of the same types it read ``x`` twice
+    (a wrong result, found by the suite's order). The aliasing of the slots is part of the key."""
+    vtc_tvm.VirtualTensorize(target=LLVM)(make_module(
+        [((4, 8), F32), ((8, 8), F32)], lambda a, w: R.matmul(emit(R.concat([a, a], 0)), w)))
+    params = [((4, 8), F32), ((4, 8), F32), ((8, 8), F32)]
+    mod = make_module(params, lambda x, y, w: R.matmul(emit(R.concat([x, y], 0)), w))
+    inputs = random_inputs(params, rng)
+    want, got = run(mod, inputs), run(vtc_tvm.VirtualTensorize(target=LLVM)(mod), inputs)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)

@@ -189,11 +189,20 @@ def _expr_key(e):
 
 def call_key(call, args=None) -> tuple:
     """Structural key of ``call`` up to the identity of its variables: two calls with equal
-    keys have equal built-in rule mappings (over the sources at the same positions)."""
+    keys have equal built-in rule mappings (over the sources at the same positions). Which
+    slots hold the same variable is part of it: ``concat([a, a])`` derives a mapping over one
+    source, which re-attached to ``concat([x, y])`` would read ``x`` twice."""
     args = call.args if args is None else args
     return (call.op.name, None if call.attrs is None else tvm_ffi.structural_hash(call.attrs),
             tuple(_expr_key(a) for a in args), tvm_ffi.structural_hash(call.ty),
-            tuple(tvm_ffi.structural_hash(t) for t in call.ty_args))
+            tuple(tvm_ffi.structural_hash(t) for t in call.ty_args), _aliasing(args))
+
+
+def _aliasing(args) -> tuple:
+    """For each argument slot (a tuple's fields one by one), the index of the first slot that
+    holds the same expression."""
+    slots = [f for a in args for f in (a.fields if isinstance(a, relax.Tuple) else [a])]
+    return tuple(next(k for k, s in enumerate(slots) if s.same_as(f)) for f in slots)
 
 
 def _position(source, args):
