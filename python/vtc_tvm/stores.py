@@ -50,7 +50,7 @@ import logging
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 import tvm
 import tvm_ffi

@@ -152,8 +152,7 @@ def _writes_through_division(stmt) -> bool:
     """Whether ``stmt``'s write indices divide its iters (``C[n // 128, n % 128]``)."""
     found = []
     for r in stmt.writes[0].region:
-        tvm_ffi.structural_walk(r.min, (tirx.FloorDiv, found.append), order="post")
-        tvm_ffi.structural_walk(r.min, (tirx.FloorMod, found.append), order="post")
+        tvm_ffi.structural_walk(r.min, [(tirx.FloorDiv, found.append), (tirx.FloorMod, found.append)], order="post")
     return bool(found)
 
 
