@@ -344,29 +344,12 @@ def test_parts_that_cannot_be_stored_stay_copies(form):
         assert all("read elsewhere" in e.reason for e in edges), [e.reason for e in edges]
 
 
-@pytest.mark.parametrize("form", sorted(PARTS))
-def test_cuda_code_for_each_part_form(form):
+# -- CUDA: every form generates code, the redirected producer keeps its DLight rule ---------------
+@pytest.mark.parametrize("forms,form", [("parts", f) for f in sorted(PARTS)] + [("produced", f) for f in sorted(PRODUCED)])
+def test_cuda_code_for_each_form(forms, form):
     """CUDA code for each form; a redirected producer keeps its DLight rule or stays as it is
-    (DLight's Matmul rule does not take a GEMM storing into several tensors: refused, logged)."""
-    shapes, body = PARTS[form]
-    mod = _module(shapes, body)
-    target = cuda_target()
-    report = []
-    ex = tvm.compile(mod, target=target, relax_pipeline=vtc_pipeline(target, report=report))
-    decisions = _stores(report)
-    assert decisions, report
-    for d in decisions:
-        assert d["virtual"] or "DLight" in d["reason"], d
-    src = device_source(ex)
-    assert "__global__" in src
-    if any(d["virtual"] for d in decisions):
-        assert "_into_" in src
-
-
-# -- CUDA: the same forms generate code, the redirected producer keeps its DLight rule -------------
-@pytest.mark.parametrize("form", sorted(PRODUCED))
-def test_cuda_code_for_each_form(form):
-    shapes, body = PRODUCED[form]
+    (refused, logged: e.g. DLight's Matmul rule does not take a GEMM storing into several tensors)."""
+    shapes, body = {"parts": PARTS, "produced": PRODUCED}[forms][form]
     mod = _module(shapes, body)
     target = cuda_target()
     report = []
@@ -375,8 +358,10 @@ def test_cuda_code_for_each_form(form):
     assert decisions, report
     for d in decisions:  # taken, or refused because DLight would schedule it differently
         assert d["virtual"] or "DLight" in d["reason"], d
+    src = device_source(ex)
+    assert "__global__" in src
     if any(d["virtual"] for d in decisions):
-        assert "_into_" in device_source(ex)
+        assert "_into_" in src
 
 
 # -- in-place cache updates on CUDA: only the new rows are written --------------------------------
