@@ -27,6 +27,7 @@ cases left once that many seconds are spent (recorded as skipped).
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import os
 import sys
@@ -172,6 +173,40 @@ def _time_kernel(func, target, dev, number, repeat):
     return float(np.median(te.results)) * 1e6, sum(a.numpy().nbytes for a in args), out
 
 
+SHARED_TAIL_BYTES = 48 * 1024  # static shared memory a block may use without opting in
+
+
+def _shared_tail_and_vector_tilings(form):
+    """Lanes on the columns with the warps' partials summed through shared memory (``cols_sh``:
+    vec columns and kin reduction terms a lane a step, tk warps along the reduction), and q K^T
+    with 16-byte loads along the reduction (``red_vk``)."""
+    from vtc_tvm.schedules import batched_gemv as G
+
+    out = {}
+    if form.inner == "cols" and form.aligned:
+        for vec in (4, 8):
+            for tk in (2, 4):
+                if tk * form.M * 32 * vec * 4 > SHARED_TAIL_BYTES or form.M * vec > 128 or form.N % vec:
+                    continue
+                for kin in (1, 2, 4):
+                    for split in (1, 2, 4, 8, 16):
+                        warps = form.B * -(-form.N // (32 * vec)) * tk * split
+                        if (not 512 <= warps <= 8192 or form.K // (tk * kin * split) < 8
+                                or form.B > 1 and split > 4):
+                            continue
+                        out[f"cols_sh_v{vec}_tk{tk}_kin{kin}_split{split}"] = G.Tiling(
+                            32, tk, vec, split, "cols", kin=kin, tail="shared")
+    elif form.inner == "red":
+        kin = 8  # 16 bytes of fp16
+        for tk in (8, 16):
+            if form.K % (tk * kin):
+                continue
+            for vec in (2, 4, 8):
+                for tn in (2, 4, 8):
+                    out[f"red_vk_tk{tk}_v{vec}_tn{tn}"] = G.Tiling(tn, tk, vec, 1, "red", kin=kin)
+    return out
+
+
 def sweep_candidates(batch, size, target, rules=None):
     """``{kernel: (info, {label: make scheduled PrimFunc})}`` for every kernel of the vtc decode
     layer that our rules take: DLight's schedule, the planned tiling and alternatives."""
@@ -198,6 +233,7 @@ def sweep_candidates(batch, size, target, rules=None):
             if form.inner == "cols":  # lanes along the columns, 8 warps along the reduction
                 tilings[f"cols_split{split}"] = G.Tiling(min(32, -(-form.N // planned.vec)), min(8, form.K),
                                                          planned.vec, split, "cols")
+        tilings.update(_shared_tail_and_vector_tilings(form))
         tilings = {k: t for k, t in tilings.items() if k == "planned" or t != planned}
 
         def dlight(func=func):
@@ -221,15 +257,25 @@ def sweep(batch, args, target, dev, deadline):
     """Each candidate of :func:`sweep_candidates` timed alone (microseconds, GB/s of its
     inputs and outputs)."""
     out = {}
+    shapes = set()
     for kname, (info, makes) in sweep_candidates(batch, args.size, target).items():
         if time.time() > deadline:
             out["skipped"] = "time budget spent"
             break
+        shape = tuple(info[k] for k in ("B", "M", "N", "K", "inner"))
+        if args.sweep_unique and shape in shapes:
+            out[kname] = dict(info, same_shape_as_swept=True)
+            continue
+        shapes.add(shape)
         row = out.setdefault(kname, dict(info))
         reference = None  # DLight's output (first label): every candidate is checked against it
         for label, make in makes.items():
-            if args.sweep_labels and label not in args.sweep_labels and label != "dlight":
+            if (args.sweep_labels and label != "dlight"
+                    and not any(fnmatch.fnmatchcase(label, pat) for pat in args.sweep_labels)):
                 continue
+            if time.time() > deadline:
+                row["skipped"] = "time budget spent"
+                break
             try:
                 with target:
                     us, nbytes, result = _time_kernel(make(), target, dev, args.number * 2, args.repeat)
@@ -282,7 +328,9 @@ def main(argv=None):
     ap.add_argument("--no-sweep", action="store_true", help="skip the per-kernel tiling sweep (cuda only)")
     ap.add_argument("--sweep-batch", type=int, nargs="+", help="batches to sweep (default: --batch)")
     ap.add_argument("--sweep-labels", nargs="+",
-                    help="candidates to time, e.g. dlight widened_dlight planned (default: all)")
+                    help="candidates to time, e.g. dlight widened_dlight planned 'cols_sh_*' (globs; default: all)")
+    ap.add_argument("--sweep-unique", action="store_true",
+                    help="sweep one kernel of each shape (B, M, N, K, layout): the fused twins are skipped")
     args = ap.parse_args(argv)
     args.ms_dir = args.ms_dir or os.path.join(args.out, "ms_db")
 

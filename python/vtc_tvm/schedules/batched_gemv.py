@@ -47,7 +47,9 @@ class GemvForm:
     weight: tirx.Buffer  # the operand read once per (batch, col, red) point
     inner: str  # "cols" or "red": the group that indexes the weight's innermost axis
     dtype: str  # the operands' dtype
-    aligned: bool = False  # weight[..., n] with n a bare column axis: vec-wide loads stay aligned
+    aligned: bool = False  # weight[..., i] with i a bare column (reduction) axis: vector loads stay aligned
+    inner_extent: int = 0  # the extent of the axis indexing the weight's innermost dimension
+    rows_vector: Optional[tirx.Buffer] = None  # the rows' operand when it is read A[..., k], k contiguous
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,8 @@ class Tiling:
     vec: int
     split: int = 1
     lanes: str = "red"
+    kin: int = 1  # consecutive reduction terms a thread takes a step (one vector when they are contiguous)
+    tail: str = "allreduce"  # lanes on the columns: "shared" sums the warps' partials through shared memory
 
 
 def _product(extents):
@@ -129,11 +133,20 @@ def match(sch: s_tir.Schedule, block) -> Optional[GemvForm]:
         return None
     # 128-bit loads need the column index to be the axis itself (no offset, e.g. a slice at 3)
     # in a buffer with no element offset
-    aligned = (kind == "cols" and inner == w_own[-1] and isinstance(weight.region[-1].min, tirx.Var)
+    # (q K^T: the same for the reduction index, so a lane may load 16 bytes of a key at once)
+    aligned = (inner == (w_own if kind == "cols" else red)[-1] and isinstance(weight.region[-1].min, tirx.Var)
                and isinstance(weight.source.elem_offset, tirx.IntImm) and int(weight.source.elem_offset) == 0)
+    rows = stmt.reads[1 - weight_idx]
+    rows_last = collect_block_iter_vars_used_in_access_region(stmt, [rows.region[-1]])
+    # the rows' operand read as A[..., k] (k the innermost reduction axis): kin terms are one vector
+    rows_vector = (int(stmt.iter_vars[red[-1]].dom.extent) if isinstance(rows.region[-1].min, tirx.Var)
+                   and {var_pos.get(v) for v in rows_last} == {red[-1]}
+                   and isinstance(rows.source.elem_offset, tirx.IntImm) and int(rows.source.elem_offset) == 0
+                   and int(rows.source.shape[-1]) == int(stmt.iter_vars[red[-1]].dom.extent) else 0)
     return GemvForm(stmt.name_hint, tuple(batch), tuple(a_own), tuple(w_own), tuple(red),
                     ext(batch), ext(a_own), ext(w_own), ext(red), weight.source,
-                    kind, dtypes.pop(), aligned)
+                    kind, dtypes.pop(), aligned, int(stmt.iter_vars[inner].dom.extent),
+                    rows.source if rows_vector else None)
 
 
 def single_reduction(func: tirx.PrimFunc):
@@ -249,31 +262,50 @@ def schedule(sch: s_tir.Schedule, form: GemvForm, epilogue, tiling: Tiling, unro
     # costs ~6 barriers each: 768 for M = 16, vec = 8). Lanes along the columns: coalesced rows.
     tag_n, tag_k = ("threadIdx.y", "threadIdx.x") if tiling.lanes == "red" else ("threadIdx.x", "threadIdx.y")
     nb, t_n, v_n = sch.split(n, factors=[None, tn, vec], preserve_unit_iters=True)
-    ko, t_k = sch.split(k, factors=[None, tk], preserve_unit_iters=True)
+    # k = (ko * tk + t_k) * kin + ki: a thread's kin terms a step are consecutive
+    ko, t_k, ki = sch.split(k, factors=[None, tk, tiling.kin], preserve_unit_iters=True)
     final = None
     if split > 1:
         # each of ``split`` blocks sums a contiguous range of the reduction into a float32
         # partial; ``block`` (now the sum over the partials) becomes a second kernel
         ks, ko = sch.split(ko, factors=[split, None], preserve_unit_iters=True)
-        sch.reorder(b, nb, ks, t_n, t_k, ko, m, v_n)
+        sch.reorder(b, nb, ks, t_n, t_k, ko, ki, m, v_n)
         final, block = block, sch.rfactor(ks, factor_axis=0)
-        b, nb, ks, t_n, t_k, ko, m, v_n = sch.get_loops(block)
+        b, nb, ks, t_n, t_k, ko, ki, m, v_n = sch.get_loops(block)
         grid = [b, nb, ks]
     else:
-        sch.reorder(b, nb, t_n, t_k, ko, m, v_n)
+        sch.reorder(b, nb, t_n, t_k, ko, ki, m, v_n)
         grid = [b, nb]
     rf = sch.rfactor(t_k, factor_axis=0)
     # the per-thread partial sums: M x vec float32 registers
     loops = sch.get_loops(rf)
     bx = sch.fuse(*loops[:len(grid)])
-    t_n, t_k, ko, m, v_n = loops[len(grid):]
+    t_n, t_k, ko, ki, m, v_n = loops[len(grid):]
     sch.bind(bx, "blockIdx.x")
     sch.bind(t_n, tag_n)
     sch.bind(t_k, tag_k)
-    sch.set_scope(rf, 0, "local")
+    shared_tail = tiling.tail == "shared" and tk > 1
+    if shared_tail:
+        # the partials accumulate in registers and are stored once to shared memory, where the
+        # write-back block sums each output's tk partials in one thread: one barrier, instead
+        # of a shared-memory tree with a barrier per level for each of the M x vec values
+        sch.set_scope(rf, 0, "shared")
+        partials = sch.cache_write(rf, 0, "local")
+        sch.reverse_compute_at(partials, t_k, preserve_unit_loops=True)
+    else:
+        sch.set_scope(rf, 0, "local")
     sch.annotate(ko, "pragma_auto_unroll_max_step", unroll)
     sch.annotate(ko, "pragma_unroll_explicit", 1)
-    if vec > 1 and form.inner == "red":
+    if tiling.kin > 1:
+        sch.unroll(ki)
+    if vec > 1 and form.inner == "red" and tiling.kin > 1:
+        # a vector of kin reduction terms of each of the vec columns a step (q K^T: 16 bytes of a key)
+        w_index = [i for i, r in enumerate(sch.get(rf).reads) if r.source.same_as(form.weight)][0]
+        w_local = sch.cache_read(rf, w_index, "local")
+        sch.compute_at(w_local, ko, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(w_local)[-1])
+        sch.unroll(v_n)
+    elif vec > 1 and form.inner == "red":
         sch.unroll(v_n)  # independent columns: vec loads in flight a lane
     elif vec > 1:
         # one 128-bit load of the weight's vec columns a step, shared by the M rows; the float32
@@ -284,15 +316,28 @@ def schedule(sch: s_tir.Schedule, form: GemvForm, epilogue, tiling: Tiling, unro
         sch.compute_at(w_local, ko, preserve_unit_loops=True)
         sch.vectorize(sch.get_loops(w_local)[-1])
         sch.unroll(v_n)
+    if tiling.kin > 1 and form.rows_vector is not None and len(form.red) == 1 and form.K % tiling.kin == 0:
+        # the rows' kin consecutive terms a step as one vector load per row (A[m, k:k + kin])
+        a_index = [i for i, r in enumerate(sch.get(rf).reads) if r.source.same_as(form.rows_vector)][0]
+        a_local = sch.cache_read(rf, a_index, "local")
+        sch.compute_at(a_local, ko, preserve_unit_loops=True)
+        sch.vectorize(sch.get_loops(a_local)[-1])
     sch.decompose_reduction(rf, ko)
     # the cross-thread sum over t_k, per row and column; the write-back block iterates
     # (t_k, [unit batch/split,] rows, columns of the tile) under blockIdx.x
     sch.reverse_compute_at(block, bx, preserve_unit_loops=True)
-    t_k2, *_, m2, c2 = sch.get_loops(block)[1:]
-    t_n2, v_n2 = sch.split(c2, factors=[tn, vec], preserve_unit_iters=True)
-    sch.reorder(t_n2, m2, v_n2, t_k2)
-    sch.bind(t_n2, tag_n)
-    sch.bind(t_k2, tag_k)
+    t_k2, *units, m2, c2 = sch.get_loops(block)[1:]
+    if shared_tail:
+        # every thread of the block sums the tk partials of some outputs, serially
+        _, ty2, tx2 = sch.split(sch.fuse(*units, m2, c2), factors=[None, tk, tn], preserve_unit_iters=True)
+        sch.reorder(ty2, tx2, t_k2)
+        sch.bind(ty2, "threadIdx.y")
+        sch.bind(tx2, "threadIdx.x")
+    else:
+        t_n2, v_n2 = sch.split(c2, factors=[tn, vec], preserve_unit_iters=True)
+        sch.reorder(t_n2, m2, v_n2, t_k2)
+        sch.bind(t_n2, tag_n)
+        sch.bind(t_k2, tag_k)
     if final is not None:
         # second kernel: one thread per output sums the ``split`` partials (in order)
         spatial = _spatial_loops(sch, final)
@@ -328,6 +373,19 @@ COLS_WARPS = 8  # warps along the reduction when lanes run along the columns
 WARPS_PER_SM = 16  # streaming warps an SM wants to hide HBM latency
 MIN_STEPS = 8  # reduction steps a lane keeps at least when the reduction is split over blocks
 MAX_PARTIAL_TRAFFIC = 1 / 8  # split partials' bytes (written + read) against the weight's
+# Several rows (M x 8 partials > LANES_ON_COLS_MAX_PARTIALS) with contiguous columns: lanes on the
+# columns, SHARED_TAIL_WARPS warps along the reduction summed through shared memory, kin rows of
+# the weight a lane a step. The H200 sweep (benchmarks/results/h200_session6.md, batch 16):
+# 4096x4096 65 -> 27 us, 14336x4096 206 -> 107, 4096x14336 188 -> 108, probs V 68 -> 58.
+SHARED_TAIL_VEC = 4
+SHARED_TAIL_WARPS = 4
+SHARED_TAIL_BYTES = 48 * 1024  # static shared memory of a block (more needs an opt-in)
+SHARED_TAIL_WARPS_PER_SM = 32  # the split grows until this many warps an SM stream ...
+MAX_SPLIT = {1: 16, "batched": 4}  # ... up to the measured best split (batch axes fill the grid too)
+KIN_MIN_STEPS = 32  # kin (4, 2, 1): the largest that leaves a lane this many steps
+# q K^T (the reduction contiguous): 16-byte loads along the reduction, RED_VECTOR_LANES lanes a key,
+# 4 keys a lane, 8 warps a block (H200, batch 16: 241 -> 59.5 us; DLight 148)
+RED_VECTOR_LANES, RED_VECTOR_COLS, RED_VECTOR_TN = 8, 4, 8
 
 
 def sm_count(target) -> int:
@@ -344,6 +402,15 @@ def plan(form: GemvForm, target) -> Tiling:
     ``WARPS_PER_SM`` warps an SM stream, keeping at least ``MIN_STEPS`` steps a lane and the
     float32 partials' traffic under ``MAX_PARTIAL_TRAFFIC`` of the weight's bytes.
     """
+    sms = sm_count(target)
+    elem = 2 if form.dtype in NARROW_FLOATS else 4
+    shared_tail = _shared_tail_plan(form, sms, elem)
+    if shared_tail is not None:
+        return shared_tail
+    red_vector = VECTOR_BYTES // elem
+    if (form.inner == "red" and form.aligned and form.inner_extent % red_vector == 0
+            and form.K % (RED_VECTOR_LANES * red_vector) == 0 and int(form.weight.shape[-1]) % red_vector == 0):
+        return Tiling(RED_VECTOR_TN, RED_VECTOR_LANES, RED_VECTOR_COLS, 1, "red", kin=red_vector)
     # q K^T style (reduction contiguous): a lane reads one element of each of vec columns a step
     vec = max(1, min(RED_COLUMNS, MAX_ACCUMULATORS // max(form.M, 1))) if form.inner == "red" else 1
     if form.inner == "cols" and form.aligned:
@@ -358,7 +425,6 @@ def plan(form: GemvForm, target) -> Tiling:
     else:
         lanes, tn, tk = "red", 4, pow2_le(form.K, WARP)
     warps = form.B * -(-form.N // vec) * tk / WARP
-    sms = sm_count(target)
     split = 1
     partial_cap = form.K * 2 * MAX_PARTIAL_TRAFFIC / (2 * 4 * max(form.M, 1))  # write + read, float32
     while (warps * split < WARPS_PER_SM * sms and form.K // (tk * split * 2) >= MIN_STEPS
@@ -367,3 +433,23 @@ def plan(form: GemvForm, target) -> Tiling:
     while lanes == "red" and tn > 1 and form.B * -(-form.N // (tn * vec)) * split < WAVES * sms:
         tn //= 2
     return Tiling(tn, tk, vec, split, lanes)
+
+
+def _shared_tail_plan(form: GemvForm, sms: int, elem: int) -> Optional[Tiling]:
+    """The several-rows tiling with contiguous columns (None when ``form`` is not that case, or
+    its partials do not fit a block's shared memory): a warp's lanes read SHARED_TAIL_VEC
+    adjacent columns each (one coalesced row segment), SHARED_TAIL_WARPS warps split the
+    reduction and meet once in shared memory, and the reduction is split over blocks."""
+    vec, tk = SHARED_TAIL_VEC, SHARED_TAIL_WARPS
+    if (form.inner != "cols" or not form.aligned or form.M * (VECTOR_BYTES // elem) <= LANES_ON_COLS_MAX_PARTIALS
+            or form.N % vec or int(form.weight.shape[-1]) % vec
+            or tk * form.M * WARP * vec * 4 > SHARED_TAIL_BYTES):
+        return None
+    warps = form.B * -(-form.N // (WARP * vec)) * tk
+    max_split = MAX_SPLIT[1] if form.B == 1 else MAX_SPLIT["batched"]
+    split = 1
+    while (split < max_split and warps * split < SHARED_TAIL_WARPS_PER_SM * sms
+           and form.K // (tk * split * 2) >= MIN_STEPS):
+        split *= 2
+    kin = next(k for k in (4, 2, 1) if k == 1 or form.K // (tk * split * k) >= KIN_MIN_STEPS)
+    return Tiling(WARP, tk, vec, split, "cols", kin=kin, tail="shared")
