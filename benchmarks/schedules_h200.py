@@ -189,9 +189,9 @@ def _shared_tail_and_vector_tilings(form):
                 if tk * form.M * 32 * vec * 4 > SHARED_TAIL_BYTES or form.M * vec > 128 or form.N % vec:
                     continue
                 for kin in (1, 2, 4):
-                    for split in (1, 2, 4, 8, 16):
+                    for split in (1, 2, 4, 8, 16, 32):
                         warps = form.B * -(-form.N // (32 * vec)) * tk * split
-                        if (not 512 <= warps <= 8192 or form.K // (tk * kin * split) < 8
+                        if (not 512 <= warps <= 16384 or form.K // (tk * kin * split) < 8
                                 or form.B > 1 and split > 4):
                             continue
                         out[f"cols_sh_v{vec}_tk{tk}_kin{kin}_split{split}"] = G.Tiling(
