@@ -7,7 +7,11 @@ number of axes per group, read through any index mapping) and classifies its axe
 float32 accumulator per row (and per vector lane), the reduction is split over threads and
 summed across the lanes of a warp with shuffles (``rfactor``), optionally split over blocks
 (float32 partials summed by a second kernel: flash-decoding's split of a long context), and
-``W`` is loaded 128 bits at a time when its innermost axis is a column axis.
+``W`` is loaded 128 bits at a time when its innermost axis is a column axis. With several rows
+and contiguous columns the lanes run along the columns instead (coalesced weight rows), the
+warps split the reduction and meet once in shared memory (``Tiling.tail``), and a lane takes
+``kin`` weight rows a step (one vector of ``A[m, k:k + kin]``); q K^T (reduction contiguous)
+loads 16 bytes of a key a lane.
 
 Limits: 1. one reduction block ``C = C + X`` of two fp16/bf16 reads, injective blocks around it
 only (inlined or one epilogue); 2. static extents; 3. ``W``'s innermost index must use one
