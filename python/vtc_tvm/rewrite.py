@@ -335,9 +335,9 @@ def _none_on_one_spatial_block(rules) -> int:
 
     Read from their code (TVM 0.27): ``Matmul`` needs exactly one child block of the root with
     reduction axes; ``GEMV`` and ``Reduction`` need ``normalize_prim_func`` to call the block a
-    reduction (C++ ``IsReductionBlock``, false without an ``init``), ``GEMV`` only after returning
-    None for a block of other than 2 or 3 axes, ``Reduction`` before anything else that could
-    raise; ``GeneralReduction`` returns None when the last block has no trailing reduction axis.
+    reduction (C++ ``IsReductionBlock``, false without an ``init``), ``GEMV`` after returning None
+    for a block of other than 2 or 3 axes and asserting that the block's first write is a point
+    access (hence that condition), ``Reduction`` before anything else that could raise; ``GeneralReduction`` returns None when the last block has no trailing reduction axis.
     Each of them returns None, too, where ``normalize_prim_func`` fails, and what they try to
     inline is tried under a bare ``except``. So the first rule that schedules such a kernel, or
     the error it raises, is that of the rules after them: those are all that need to run (the
@@ -354,7 +354,8 @@ def _none_on_one_spatial_block(rules) -> int:
 
 def _one_spatial_block(func: tirx.PrimFunc) -> bool:
     """Whether ``func`` is a root block named "root" over one block with data-parallel axes only
-    (at least one), no ``init`` and a write: an element-wise, broadcast or injective kernel."""
+    (at least one), no ``init`` and a first write to one element per iteration: an element-wise,
+    broadcast or injective kernel."""
     body = func.body
     if not isinstance(body, tvm.s_tir.SBlockRealize) or body.block.name_hint != "root":
         return False
@@ -363,7 +364,11 @@ def _one_spatial_block(func: tirx.PrimFunc) -> bool:
         return False
     block = blocks[0]
     return (block.init is None and len(block.iter_vars) > 0 and len(block.writes) > 0
-            and all(iv.iter_type == 0 for iv in block.iter_vars))
+            and all(iv.iter_type == 0 for iv in block.iter_vars)
+            # GEMV asserts that its first write is a point access (extent 1 on every axis): a
+            # store at a data-dependent row (an in-place scatter) writes a whole axis, and GEMV
+            # raises on it.
+            and all(isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1 for r in block.writes[0].region))
 
 
 def _first_rule_to_try(func: tirx.PrimFunc, rules) -> int:
