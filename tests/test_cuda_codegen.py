@@ -177,16 +177,15 @@ def test_gqa_pv_at_batch_1_sums_in_a_tree(ctx):
 def _original_first(original, candidates, target):
     """``best_schedulable`` as it was first written, the reference: the original's DLight rule,
     then every form's (no verdict shared, nothing skipped)."""
-    from vtc_tvm.rewrite import (SERIAL_HALF_TERMS, _TREE_RULES, NotRewritable, _dlight_rules, _dlight_schedule,
-                                 _serial_half_terms)
+    from vtc_tvm.rewrite import SERIAL_HALF_TERMS, _TREE_RULES, NotRewritable, _dlight_rules, _serial_half_terms
 
     names = [type(r).__name__ for r in _dlight_rules()] + ["none"]
     with target:
-        before = _dlight_schedule(original, target)[0]
+        before = _every_rule(original, target)[0]
         ranked, failures = [], []
         for k, func in enumerate(candidates):
             try:
-                rule, sch = _dlight_schedule(func, target)
+                rule, sch = _every_rule(func, target)
             except Exception as err:  # noqa: BLE001
                 lines = [ln for ln in str(err).splitlines() if ln.strip()]
                 failures.append(lines[-1][:200] if lines else type(err).__name__)
@@ -201,6 +200,66 @@ def _original_first(original, candidates, target):
     return NotRewritable(f"{names[min(ranked)[0]]} instead of {names[before]}" if ranked else failures[0])
 
 
+def _every_rule(func, target):
+    """DLight's search with no rule skipped: ``(index of the first rule that schedules func, its
+    schedule)``, or what the rule raised."""
+    from vtc_tvm.rewrite import _dlight_rules
+
+    rules = _dlight_rules()
+    for i, rule in enumerate(rules):
+        sch = rule.apply(func, target, False)
+        if sch is not None:
+            return i, sch
+    return len(rules), None
+
+
+def _gpu_workload_mods():
+    from benchmarks.workloads import WORKLOADS
+
+    mods = [_gqa_pv(1, 256), _gqa_pv(1, 4096), _gqa_pv(16, 4096)]
+    for name in ("llama_decode", "gemma2_decode", "effvit_attn", "yolo_c3k2", "shufflenet_unit"):
+        wl = WORKLOADS[name]
+        mods.append(wl.build(wl.config("small", 1, "float16")))
+    wl = WORKLOADS["llama_decode"]
+    mods.append(tvm.relax.transform.LegalizeOps()(wl.build(wl.config("small", 1, "float32"))))
+    return mods
+
+
+def test_rules_skipped_on_one_spatial_block_return_none(monkeypatch):
+    """The verdicts skip the leading DLight rules that return None on a kernel of one
+    data-parallel block (``rewrite._none_on_one_spatial_block``): on every kernel the GPU
+    workloads ask a verdict of (forms, originals, under both strategies), each skipped rule
+    does return None without raising, and the verdict is the full search's."""
+    import vtc_tvm
+    from vtc_tvm import candidates, rewrite
+    from vtc_tvm.pipeline import cuda_target as vtc_cuda_target
+
+    target = vtc_cuda_target()
+    asked = []
+    for name in ("_dlight_schedule", "_dlight_rule_below"):
+        real = getattr(rewrite, name)
+
+        def recorded(func, *args, _real=real):
+            asked.append(func)
+            return _real(func, *args)
+
+        monkeypatch.setattr(rewrite, name, recorded)
+    for mod in _gpu_workload_mods():
+        for strategy in ("contiguity", "all"):
+            candidates.clear_caches()
+            vtc_tvm.VirtualTensorize(target=target, strategy=strategy)(mod)
+    monkeypatch.undo()  # the real search functions again
+    rules = rewrite._dlight_rules()
+    skipped = rewrite._none_on_one_spatial_block(rules)
+    assert skipped == 4, [type(r).__name__ for r in rules]
+    spatial = [f for f in asked if rewrite._one_spatial_block(f)]
+    assert len(spatial) > 10 and len(spatial) < len(asked)
+    with target:
+        for func in spatial:
+            assert all(rules[i].apply(func, target, False) is None for i in range(skipped))
+            assert rewrite._dlight_schedule(func, target)[0] == _every_rule(func, target)[0]
+
+
 def test_best_schedulable_chooses_what_trying_the_original_first_chooses(monkeypatch):
     """``best_schedulable`` runs the forms first and the original's rules only below the forms'
     best (and shares verdicts between calls): on every edge of the GPU workloads (GQA reads at a
@@ -209,7 +268,6 @@ def test_best_schedulable_chooses_what_trying_the_original_first_chooses(monkeyp
     import tvm_ffi
 
     import vtc_tvm
-    from benchmarks.workloads import WORKLOADS
     from vtc_tvm import candidates, rewrite
     from vtc_tvm.pipeline import cuda_target as vtc_cuda_target
 
@@ -227,13 +285,7 @@ def test_best_schedulable_chooses_what_trying_the_original_first_chooses(monkeyp
         return got
 
     monkeypatch.setattr(candidates, "best_schedulable", recorded)
-    mods = [_gqa_pv(1, 256), _gqa_pv(1, 4096), _gqa_pv(16, 4096)]
-    for name in ("llama_decode", "gemma2_decode", "effvit_attn", "yolo_c3k2", "shufflenet_unit"):
-        wl = WORKLOADS[name]
-        mods.append(wl.build(wl.config("small", 1, "float16")))
-    wl = WORKLOADS["llama_decode"]
-    mods.append(tvm.relax.transform.LegalizeOps()(wl.build(wl.config("small", 1, "float32"))))
-    for mod in mods:
+    for mod in _gpu_workload_mods():
         for strategy in ("contiguity", "all"):  # "all" offers edges DLight then refuses
             candidates.clear_caches()
             vtc_tvm.VirtualTensorize(target=target, strategy=strategy)(mod)

@@ -313,14 +313,67 @@ def _simplify_indices(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 
 # -- schedulability ---------------------------------------------------------------------------
+_RULES = []  # the stock rule list, read once per process (the rules hold no state)
+
+
 def _dlight_rules():
     from .pipeline import cuda_target
     from .schedules import stock_rules
 
     # The rules of the stock CUDA pipeline, most specialised first, read from TVM's own pipeline.
     # Not vtc_tvm.schedules.default_rules: with schedules="dlight" a kernel only our rules take
-    # would reach DLight unscheduled; and the ranking below is in DLight's terms.
-    return stock_rules(cuda_target())
+    # would reach DLight unscheduled; and the ranking below is in DLight's terms. Read once: the
+    # verdicts call this dozens of times a compile, and each read built the backend's passes.
+    if not _RULES:
+        _RULES.extend(stock_rules(cuda_target()))
+    return list(_RULES)
+
+
+def _none_on_one_spatial_block(rules) -> int:
+    """How many leading ``rules`` are DLight rules that return None, without raising, on a
+    kernel of one data-parallel block (:func:`_one_spatial_block`).
+
+    Read from their code (TVM 0.27): ``Matmul`` needs exactly one child block of the root with
+    reduction axes; ``GEMV`` and ``Reduction`` need ``normalize_prim_func`` to call the block a
+    reduction (C++ ``IsReductionBlock``, false without an ``init``), ``GEMV`` after returning None
+    for a block of other than 2 or 3 axes and asserting that the block's first write is a point
+    access (hence that condition), ``Reduction`` before anything else that could raise; ``GeneralReduction`` returns None when the last block has no trailing reduction axis.
+    Each of them returns None, too, where ``normalize_prim_func`` fails, and what they try to
+    inline is tried under a bare ``except``. So the first rule that schedules such a kernel, or
+    the error it raises, is that of the rules after them: those are all that need to run (the
+    rules are the same objects in the same order as the stock pipeline's, so an unknown rule or a
+    subclass ends the prefix)."""
+    from tvm.s_tir.dlight import gpu
+
+    known = (gpu.Matmul, gpu.GEMV, gpu.Reduction, gpu.GeneralReduction)
+    k = 0
+    while k < len(rules) and type(rules[k]) in known:
+        k += 1
+    return k
+
+
+def _one_spatial_block(func: tirx.PrimFunc) -> bool:
+    """Whether ``func`` is a root block named "root" over one block with data-parallel axes only
+    (at least one), no ``init`` and a first write to one element per iteration: an element-wise,
+    broadcast or injective kernel."""
+    body = func.body
+    if not isinstance(body, tvm.s_tir.SBlockRealize) or body.block.name_hint != "root":
+        return False
+    blocks = [b for b in _blocks_of(body) if not b.same_as(body.block)]
+    if len(blocks) != 1:
+        return False
+    block = blocks[0]
+    return (block.init is None and len(block.iter_vars) > 0 and len(block.writes) > 0
+            and all(iv.iter_type == 0 for iv in block.iter_vars)
+            # GEMV asserts that its first write is a point access (extent 1 on every axis): a
+            # store at a data-dependent row (an in-place scatter) writes a whole axis, and GEMV
+            # raises on it.
+            and all(isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1 for r in block.writes[0].region))
+
+
+def _first_rule_to_try(func: tirx.PrimFunc, rules) -> int:
+    """Index of the first rule in ``rules`` whose verdict on ``func`` is not known to be None."""
+    return _none_on_one_spatial_block(rules) if _one_spatial_block(func) else 0
 
 
 # (structural hash of a PrimFunc, target) -> (rule index, serial 16-bit terms) or the exception
@@ -365,7 +418,7 @@ def _dlight_rule_below(func: tirx.PrimFunc, target, limit: int):
             raise found
         return found[0] if found[0] < limit else None
     rules = _dlight_rules()
-    start = _NONE_BELOW.get(key, 0)
+    start = max(_NONE_BELOW.get(key, 0), _first_rule_to_try(func, rules))
     for i in range(start, min(limit, len(rules))):
         try:
             sch = rules[i].apply(func, target, False)
@@ -397,12 +450,14 @@ def _remember(key, outcome):
 
 
 def _dlight_schedule(func: tirx.PrimFunc, target):
-    """``(rule index, schedule)`` of the first default DLight rule that schedules ``func``."""
-    for i, rule in enumerate(_dlight_rules()):
-        sch = rule.apply(func, target, False)
+    """``(rule index, schedule)`` of the first default DLight rule that schedules ``func``
+    (rules known to return None on it are not run)."""
+    rules = _dlight_rules()
+    for i in range(_first_rule_to_try(func, rules), len(rules)):
+        sch = rules[i].apply(func, target, False)
         if sch is not None:
             return i, sch
-    return len(_dlight_rules()), None
+    return len(rules), None
 
 
 # DLight's Matmul rule without tensor cores (an output extent <= 64: decode attention) sums the
