@@ -85,6 +85,30 @@ def gqa_scores(B=2, H=8, KV=2, T=33, D=64, dtype="float16"):
         (B, H, 1, T), lambda b, h, s, t: te.sum(q[b, h, s, d] * K[b, h // g, t, d], axis=d), name="matmul")]))
 
 
+def classifier_head(N=100, K=320, dtype="float16"):
+    """``x[1, K] @ W[N, K]^T + b``: a classifier head (EfficientViT-B1's is 1000 x 1600); the
+    rows' unit axis is dropped, so the kernel has no rows loop at all."""
+    A = te.placeholder((1, K), dtype, "A")
+    W = te.placeholder((N, K), dtype, "W")
+    bias = te.placeholder((N,), dtype, "bias")
+    k = te.reduce_axis((0, K), "k")
+    C = te.compute((1, N), lambda i, j: te.sum(A[i, k] * W[j, k], axis=k), name="matmul")
+    return _func([A, W, bias, te.compute((1, N), lambda i, j: C[i, j] + bias[j], name="add")])
+
+
+def test_classifier_head_without_a_rows_loop_is_scheduled():
+    """Regression (found on the H200: whole EfficientViT-B1 at batch 1 failed to compile in the
+    "vtc" pipeline with 'not enough values to unpack'): the write-back of a kernel with no rows
+    loop, under a one-block (unsplit) tiling."""
+    func = classifier_head(N=1000, K=1600)
+    form = batched_gemv.prepare(func)[1]
+    with TARGET:
+        for tiling in (batched_gemv.plan(form, TARGET), batched_gemv.Tiling(8, 8, 4, 1, "red", kin=8)):
+            sch, form, epilogue = batched_gemv.prepare(func)
+            assert form.rows == () and batched_gemv.schedule(sch, form, epilogue, tiling) is not None
+        assert S.LowBatchGEMM().apply(func, TARGET, False) is not None
+
+
 def gqa_values(B=2, H=8, KV=2, T=33, D=64, dtype="float16"):
     """vtc's probs V: ``O[b, h, 0, d] = sum_t P[b, h, 0, t] V[b, h // g, t, d]`` (context reduced)."""
     p = te.placeholder((B, H, 1, T), dtype, "p")
@@ -236,7 +260,7 @@ def test_schedule_preserves_semantics(rule, make):
                                     batched_gemv.Tiling(2, 8, 4, 3, "red", kin=2),
                                     batched_gemv.Tiling(2, 4, 2, 1, "red", kin=8)])
 @pytest.mark.parametrize("make", [lambda: projection(M=4, K=256, N=128, epilogue=True), lambda: gqa_values(),
-                                  lambda: gqa_scores(T=80, D=64)])
+                                  lambda: gqa_scores(T=80, D=64), lambda: classifier_head()])
 def test_split_tilings_preserve_semantics(make, tiling):
     """Reduction split over blocks (float32 partials + a second kernel), odd splits included."""
     func = make()
@@ -262,15 +286,18 @@ def test_unaligned_weight_reads_are_not_vectorised():
 
 
 def test_plan_lane_orientation():
-    """One row (batch-1 GEMV): lanes along the contiguous columns, TVM's cross-warp sum; 16 rows:
-    along the columns too, the warps' 16 x 4 partials a lane summed through shared memory (it
-    fits: 4 warps x 16 x 128 x 4 bytes), several weight rows a step; 64 rows do not fit: lanes
-    along the reduction. q K^T (reduction contiguous): 16-byte loads along the reduction."""
+    """1 and 16 rows against one weight: lanes along the contiguous columns, the warps' partials
+    (M x 4 a lane) summed through shared memory (16 rows fit: 4 warps x 16 x 128 x 4 bytes), 4
+    weight rows a step; 64 rows do not fit: lanes along the reduction. One row of many heads
+    (probs V over a batch of heads): TVM's cross-warp sum. q K^T (reduction contiguous):
+    16-byte loads along the reduction."""
     plan = lambda f: batched_gemv.plan(batched_gemv.prepare(f)[1], TARGET)
     one, many, most = (plan(projection(M=m, K=4096, N=4096)) for m in (1, 16, 64))
-    assert (one.lanes, one.tail) == ("cols", "allreduce")
-    assert (many.lanes, many.tail, many.vec, many.split, many.kin) == ("cols", "shared", 4, 16, 2)
+    assert (one.lanes, one.tail, one.vec, one.kin) == ("cols", "shared", 4, 4)
+    assert (many.lanes, many.tail, many.vec, many.split, many.kin) == ("cols", "shared", 4, 16, 4)
     assert most.lanes == "red"
+    heads = plan(gqa_values(H=8, KV=8, T=300, D=64))
+    assert (heads.lanes, heads.tail) == ("cols", "allreduce")
     scores = plan(gqa_scores(T=80, D=64))
     assert (scores.lanes, scores.kin) == ("red", 8)
 

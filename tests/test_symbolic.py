@@ -170,3 +170,21 @@ def test_symbolic_mapping_is_a_mapping():
     mp = Mapping.view((n, 8), F32, (8, n), lambda i, j: (j, i))
     fixed = mp.instantiate({n: 5})
     assert fixed.shape == (5, 8) and fixed.source_shape(0) == (8, 5) and not fixed.symbols
+
+
+@pytest.mark.parametrize("reps", [1, 2, 3])
+def test_flip_over_tile_of_symbolic_length(reps):
+    """Regression (graph fuzzer, seed 911: case_5e6f7941a7): flip(tile(x, r)) of a symbolic
+    length composes to ``(r*n - 1 - i) % n``, on which TVM 0.27's LLVM code generation fails
+    ('Binding of variable rmod ... conflicts'); the mapping mirrors it to ``n - 1 - i % n``."""
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n,), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        out = bb.emit(relax.op.flip(bb.emit(relax.op.tile(x, reps)), axis=-1))
+        bb.emit_func_output(out)
+    vm = relax.VirtualMachine(tvm.compile(vtc_tvm.VirtualTensorize()(bb.get()), target="llvm"), tvm.cpu())
+    rng = np.random.default_rng(reps)
+    for size in (1, 2, 5):
+        a = rng.standard_normal(size).astype("float32")
+        np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(a)).numpy(), np.tile(a, reps)[::-1])

@@ -242,7 +242,7 @@ class Mapping:
     # -- algebra -------------------------------------------------------------------------------
     def simplify(self) -> "Mapping":
         ana = self.analyzer()
-        simplify = lambda e: lowering_safe(ana.simplify(_split_mods(ana.simplify(e), ana)))
+        simplify = lambda e: lowering_safe(_nonnegative_symbolic_mods(ana.simplify(_split_mods(ana.simplify(e), ana)), ana))
         pieces = []
         for p in self.pieces:
             cond = None if p.cond is None else ana.simplify(p.cond)
@@ -367,6 +367,37 @@ def _split_mods(expr, ana):
             bound = ana.const_int_bound(r)
             if 0 < c and m % c == 0 and bound.min_value >= 0 and bound.max_value < c:
                 return tirx.floormod(t.a, m // c) * t.b + r
+        return mod
+
+    return tvm_ffi.structural_map(expr, (tirx.FloorMod, on_mod), order="post")
+
+
+MAX_MOD_SHIFT = 8  # multiples of a symbolic modulus tried (a tile's repeats)
+
+
+def _nonnegative_symbolic_mods(expr, ana):
+    """``a % n`` with ``n`` symbolic and ``a`` possibly negative -> ``n - 1 - (n - 1 - a) % n``
+    when ``n - 1 - a`` plus a multiple of ``n`` is provably non-negative (``a = r*n - 1 - i``,
+    flip over tile: ``n - 1 - i % n``); otherwise ``a % n`` is left as it is.
+
+    TVM 0.27's LLVM code generation fails on the original (``Binding of variable rmod ...
+    conflicts with previous binding``, found by our graph fuzzer: flip over a tile of a symbolic
+    length); the identity holds for every integer ``a`` and ``n > 0``.
+    """
+
+    def on_mod(mod):
+        b = mod.b
+        if isinstance(b, tirx.IntImm) or ana.can_prove(mod.a >= 0):
+            return mod
+        # (a modulus by 0 is undefined either way: the rewrite may assume b > 0)
+        with ana.constraint_scope(b > 0):
+            one = tirx.IntImm(str(mod.ty), 1)
+            mirrored = ana.simplify(b - one - mod.a)
+            # adding multiples of b leaves the residue: r*n - 1 - i mirrors to i - (r-1)*n ~ i
+            for k in range(MAX_MOD_SHIFT + 1):
+                shifted = ana.simplify(mirrored + b * tirx.IntImm(str(mod.ty), k))
+                if ana.can_prove(shifted >= 0):
+                    return b - one - tirx.floormod(shifted, b)
         return mod
 
     return tvm_ffi.structural_map(expr, (tirx.FloorMod, on_mod), order="post")

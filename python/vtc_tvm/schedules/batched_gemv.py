@@ -330,16 +330,17 @@ def schedule(sch: s_tir.Schedule, form: GemvForm, epilogue, tiling: Tiling, unro
     # the cross-thread sum over t_k, per row and column; the write-back block iterates
     # (t_k, [unit batch/split,] rows, columns of the tile) under blockIdx.x
     sch.reverse_compute_at(block, bx, preserve_unit_loops=True)
-    t_k2, *units, m2, c2 = sch.get_loops(block)[1:]
+    # (no rows loop when the rows' unit axis was dropped: C[j] = sum_k A[k] * W[j, k])
+    t_k2, *units_rows, c2 = sch.get_loops(block)[1:]
     if shared_tail:
         # every thread of the block sums the tk partials of some outputs, serially
-        _, ty2, tx2 = sch.split(sch.fuse(*units, m2, c2), factors=[None, tk, tn], preserve_unit_iters=True)
+        _, ty2, tx2 = sch.split(sch.fuse(*units_rows, c2), factors=[None, tk, tn], preserve_unit_iters=True)
         sch.reorder(ty2, tx2, t_k2)
         sch.bind(ty2, "threadIdx.y")
         sch.bind(tx2, "threadIdx.x")
     else:
         t_n2, v_n2 = sch.split(c2, factors=[tn, vec], preserve_unit_iters=True)
-        sch.reorder(t_n2, m2, v_n2, t_k2)
+        sch.reorder(t_n2, *units_rows[-1:], v_n2, t_k2)
         sch.bind(t_n2, tag_n)
         sch.bind(t_k2, tag_k)
     if final is not None:
@@ -377,18 +378,23 @@ COLS_WARPS = 8  # warps along the reduction when lanes run along the columns
 WARPS_PER_SM = 16  # streaming warps an SM wants to hide HBM latency
 MIN_STEPS = 8  # reduction steps a lane keeps at least when the reduction is split over blocks
 MAX_PARTIAL_TRAFFIC = 1 / 8  # split partials' bytes (written + read) against the weight's
-# Several rows (M x 8 partials > LANES_ON_COLS_MAX_PARTIALS) with contiguous columns: lanes on the
-# columns, SHARED_TAIL_WARPS warps along the reduction summed through shared memory, kin rows of
-# the weight a lane a step. The H200 sweep (benchmarks/results/h200_session6.md, batch 16):
-# 4096x4096 65 -> 27 us, 14336x4096 206 -> 107, 4096x14336 188 -> 108, probs V 68 -> 58.
+# Contiguous columns, one weight matrix or several rows (M x 8 partials > LANES_ON_COLS_MAX_PARTIALS):
+# lanes on the columns, SHARED_TAIL_WARPS warps along the reduction summed through shared memory,
+# kin weight rows (and one A[m, k:k + kin] vector) a lane a step. H200 sweeps of session 6
+# (benchmarks/results/h200_session6.md): at batch 16 4096x4096 65 -> 24 us, 1024x4096 20.7 -> 9.7,
+# 14336x4096 206 -> 78, 4096x14336 188 -> 76, probs V 68 -> 58; at batch 1 4096x4096 14.1 -> 8.6,
+# 14336x4096 37.2 -> 32.8, 4096x14336 37.2 -> 32.8 (probs V over 32 heads at batch 1 stays on the
+# old tiling: 12.9 against 18.2 us).
 SHARED_TAIL_VEC = 4
 SHARED_TAIL_WARPS = 4
 SHARED_TAIL_BYTES = 48 * 1024  # static shared memory of a block (more needs an opt-in)
-SHARED_TAIL_WARPS_PER_SM = 32  # the split grows until this many warps an SM stream ...
-MAX_SPLIT = {1: 16, "batched": 4}  # ... up to the measured best split (batch axes fill the grid too)
-KIN_MIN_STEPS = 32  # kin (4, 2, 1): the largest that leaves a lane this many steps
-# q K^T (the reduction contiguous): 16-byte loads along the reduction, RED_VECTOR_LANES lanes a key,
-# 4 keys a lane, 8 warps a block (H200, batch 16: 241 -> 59.5 us; DLight 148)
+MAX_SPLIT = {1: 32, "batched": 4}  # the largest measured split (batch axes fill the grid too)
+LONG_STEPS = 32  # the split doubles while the grid stays within WARPS_PER_SM warps an SM, and past
+# that while a lane has more steps than this
+SHARED_TAIL_KIN = (4, 2, 1)  # the largest that leaves a lane MIN_STEPS steps
+# q K^T (the reduction contiguous, batch axes): 16-byte loads along the reduction, RED_VECTOR_LANES
+# lanes a key, 4 keys a lane, 8 warps a block (H200: batch 16 241 -> 55 us, DLight 148; batch 1
+# 16.1 -> 6.0 us, DLight 12.4)
 RED_VECTOR_LANES, RED_VECTOR_COLS, RED_VECTOR_TN = 8, 4, 8
 
 
@@ -412,7 +418,8 @@ def plan(form: GemvForm, target) -> Tiling:
     if shared_tail is not None:
         return shared_tail
     red_vector = VECTOR_BYTES // elem
-    if (form.inner == "red" and form.aligned and form.inner_extent % red_vector == 0
+    # (measured on q K^T, whose batch axes fill the grid; a single weight keeps the split tiling below)
+    if (form.inner == "red" and form.B > 1 and form.aligned and form.inner_extent % red_vector == 0
             and form.K % (RED_VECTOR_LANES * red_vector) == 0 and int(form.weight.shape[-1]) % red_vector == 0):
         return Tiling(RED_VECTOR_TN, RED_VECTOR_LANES, RED_VECTOR_COLS, 1, "red", kin=red_vector)
     # q K^T style (reduction contiguous): a lane reads one element of each of vec columns a step
@@ -445,15 +452,17 @@ def _shared_tail_plan(form: GemvForm, sms: int, elem: int) -> Optional[Tiling]:
     adjacent columns each (one coalesced row segment), SHARED_TAIL_WARPS warps split the
     reduction and meet once in shared memory, and the reduction is split over blocks."""
     vec, tk = SHARED_TAIL_VEC, SHARED_TAIL_WARPS
-    if (form.inner != "cols" or not form.aligned or form.M * (VECTOR_BYTES // elem) <= LANES_ON_COLS_MAX_PARTIALS
+    one_row = form.M * (VECTOR_BYTES // elem) <= LANES_ON_COLS_MAX_PARTIALS
+    if (form.inner != "cols" or not form.aligned or one_row and form.B > 1
             or form.N % vec or int(form.weight.shape[-1]) % vec
             or tk * form.M * WARP * vec * 4 > SHARED_TAIL_BYTES):
         return None
     warps = form.B * -(-form.N // (WARP * vec)) * tk
     max_split = MAX_SPLIT[1] if form.B == 1 else MAX_SPLIT["batched"]
+    kin_max = SHARED_TAIL_KIN[0]
     split = 1
-    while (split < max_split and warps * split < SHARED_TAIL_WARPS_PER_SM * sms
-           and form.K // (tk * split * 2) >= MIN_STEPS):
+    while (split < max_split and form.K // (tk * split * 2 * kin_max) >= MIN_STEPS
+           and (warps * split * 2 <= WARPS_PER_SM * sms or form.K // (tk * split * kin_max) > LONG_STEPS)):
         split *= 2
-    kin = next(k for k in (4, 2, 1) if k == 1 or form.K // (tk * split * k) >= KIN_MIN_STEPS)
+    kin = next(k for k in SHARED_TAIL_KIN if k == 1 or form.K // (tk * split * k) >= MIN_STEPS)
     return Tiling(WARP, tk, vec, split, "cols", kin=kin, tail="shared")
