@@ -43,7 +43,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import tvm
 import tvm_ffi
-from tvm import relax, tirx
+from tvm import relax
 from tvm.ir import Op
 from tvm.relax.expr_functor import PyExprMutator
 
@@ -215,24 +215,6 @@ def _position(source, args):
                 if f.same_as(source):
                     return (i, k)
     return None
-
-
-SENTINEL_BITS = 40  # shape constants beyond +-2**SENTINEL_BITS are index sentinels, not sizes
-
-
-def _reversed_sentinel_slice(call) -> bool:
-    """A strided_slice with a negative stride whose output extent holds a constant beyond
-    +-2**SENTINEL_BITS."""
-    strides = call.args[4] if call.op.name == "relax.strided_slice" and len(call.args) >= 5 else None
-    if not isinstance(strides, relax.Tuple) or not any(
-            isinstance(st, tirx.IntImm) and int(st.value) < 0 for st in strides.fields):
-        return False
-    found = []
-    shape = getattr(call.ty, "shape", None)
-    for dim in (shape.values if isinstance(shape, relax.ShapeExpr) else []):
-        tvm_ffi.structural_walk(dim, (tirx.IntImm, lambda c: found.append(c) if abs(int(c.value)) >> SENTINEL_BITS else None),
-                                order="post")
-    return bool(found)
 
 
 def _at(position, args):
@@ -457,15 +439,6 @@ class Walker(PyExprMutator):
         name = value.op.name
         rule = get_rule(name)
         if rule is None or (self.ops is not None and name not in self.ops):
-            return None
-        if _reversed_sentinel_slice(value):
-            # strided_slice(..., end=INT64_MIN, strides=[-2]) of a symbolic length gives an extent
-            # such as 2**63 - 2 - max(n, 2**63 - 3): TVM's simplifier overflows int64 on the
-            # composed indices (graph fuzzer, seed 911: case_b627b06f22); stock's kernel compiles.
-            # (A forward slice to INT64_MAX, the last token of a sequence, is fine and kept.)
-            self.log(var, name, False, f"{name} left as is: a reversed slice whose output extent holds a "
-                                       f"constant beyond +-2**{SENTINEL_BITS} (an index sentinel), where "
-                                       "TVM's arithmetic overflows")
             return None
         args = self._literal_args(value)
         if not is_builtin_rule(name):  # a user's rule may look at anything: run it every time

@@ -18,6 +18,7 @@ import math
 from typing import Callable, Dict
 
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 
 from .mapping import Mapping, Piece, VirtualTensor, _substitute, dim, row_major_strides
@@ -145,6 +146,19 @@ def _slice_view(call, x, starts_steps):
     ])
 
 
+SENTINEL_BITS = 40  # shape constants beyond +-2**SENTINEL_BITS are index sentinels, not sizes
+
+
+def _holds_sentinel(ty) -> bool:
+    """Whether a dimension of the tensor type ``ty`` holds a constant beyond +-2**SENTINEL_BITS."""
+    found = []
+    shape = getattr(ty, "shape", None)
+    for dim in (shape.values if isinstance(shape, relax.ShapeExpr) else []):
+        tvm_ffi.structural_walk(dim, (tirx.IntImm, lambda c: found.append(c) if abs(int(c.value)) >> SENTINEL_BITS else None),
+                                order="post")
+    return bool(found)
+
+
 @register_rule("relax.strided_slice")
 def _strided_slice(call):
     """out[v] = x[start + v * step] on the sliced axes (bounds clamp like numpy's)."""
@@ -152,6 +166,13 @@ def _strided_slice(call):
     in_shape = dims_of(x)
     axes, begin, end = (_ints(call.args[i]) for i in (1, 2, 3))
     strides = _ints(call.args[4]) if len(call.args) > 4 else [1] * len(axes)
+    if any(s < 0 for s in strides) and _holds_sentinel(call.ty):
+        # strided_slice(..., end=INT64_MIN, strides=[-2]) beside a symbolic axis gives an extent
+        # such as 2**63 - 2 - max(n, 2**63 - 3): TVM's simplifier overflows int64 on the composed
+        # indices (graph fuzzer, seed 911: case_b627b06f22; stock's own kernel compiles). A
+        # forward slice to INT64_MAX (the last token of a sequence) is fine.
+        raise Unsupported(f"reversed slice whose output extent holds a constant beyond +-2**{SENTINEL_BITS} "
+                          "(an index sentinel), where TVM's arithmetic overflows")
     starts_steps = {}
     for a, b, e, s in zip(axes, begin, end, strides):
         a %= len(in_shape)
