@@ -143,10 +143,9 @@ def match(sch: s_tir.Schedule, block) -> Optional[GemvForm]:
     rows = stmt.reads[1 - weight_idx]
     rows_last = collect_block_iter_vars_used_in_access_region(stmt, [rows.region[-1]])
     # the rows' operand read as A[..., k] (k the innermost reduction axis): kin terms are one vector
-    rows_vector = (int(stmt.iter_vars[red[-1]].dom.extent) if isinstance(rows.region[-1].min, tirx.Var)
-                   and {var_pos.get(v) for v in rows_last} == {red[-1]}
+    rows_vector = (isinstance(rows.region[-1].min, tirx.Var) and {var_pos.get(v) for v in rows_last} == {red[-1]}
                    and isinstance(rows.source.elem_offset, tirx.IntImm) and int(rows.source.elem_offset) == 0
-                   and int(rows.source.shape[-1]) == int(stmt.iter_vars[red[-1]].dom.extent) else 0)
+                   and int(rows.source.shape[-1]) == int(stmt.iter_vars[red[-1]].dom.extent))
     return GemvForm(stmt.name_hint, tuple(batch), tuple(a_own), tuple(w_own), tuple(red),
                     ext(batch), ext(a_own), ext(w_own), ext(red), weight.source,
                     kind, dtypes.pop(), aligned, int(stmt.iter_vars[inner].dom.extent),
@@ -246,6 +245,15 @@ def _uses(expr, var) -> bool:
     return bool(found)
 
 
+def _vector_loads(sch, block, buffer, loop):
+    """Stage ``block``'s read of ``buffer`` in registers at ``loop``, loaded along its innermost axis
+    as one vector."""
+    index = [i for i, r in enumerate(sch.get(block).reads) if r.source.same_as(buffer)][0]
+    local = sch.cache_read(block, index, "local")
+    sch.compute_at(local, loop, preserve_unit_loops=True)
+    sch.vectorize(sch.get_loops(local)[-1])
+
+
 def _group_loop(sch, block, loops):
     return sch.fuse(*loops) if loops else sch.add_unit_loop(block)
 
@@ -302,30 +310,18 @@ def schedule(sch: s_tir.Schedule, form: GemvForm, epilogue, tiling: Tiling, unro
     sch.annotate(ko, "pragma_unroll_explicit", 1)
     if tiling.kin > 1:
         sch.unroll(ki)
-    if vec > 1 and form.inner == "red" and tiling.kin > 1:
-        # a vector of kin reduction terms of each of the vec columns a step (q K^T: 16 bytes of a key)
-        w_index = [i for i, r in enumerate(sch.get(rf).reads) if r.source.same_as(form.weight)][0]
-        w_local = sch.cache_read(rf, w_index, "local")
-        sch.compute_at(w_local, ko, preserve_unit_loops=True)
-        sch.vectorize(sch.get_loops(w_local)[-1])
-        sch.unroll(v_n)
-    elif vec > 1 and form.inner == "red":
+    if vec > 1 and form.inner == "red" and tiling.kin == 1:
         sch.unroll(v_n)  # independent columns: vec loads in flight a lane
     elif vec > 1:
-        # one 128-bit load of the weight's vec columns a step, shared by the M rows; the float32
-        # math stays scalar (unrolled): CUDA codegen of float32x8 vectors is broken in TVM 0.27
-        # (a broadcast initialiser becomes make_ulonglong4 of 8 floats, which nvcc rejects)
-        w_index = [i for i, r in enumerate(sch.get(rf).reads) if r.source.same_as(form.weight)][0]
-        w_local = sch.cache_read(rf, w_index, "local")
-        sch.compute_at(w_local, ko, preserve_unit_loops=True)
-        sch.vectorize(sch.get_loops(w_local)[-1])
+        # one vector load a step of the weight's vec columns (or, q K^T, of kin reduction terms
+        # of each column: 16 bytes of a key), shared by the M rows; the float32 math stays scalar
+        # (unrolled): CUDA codegen of float32x8 vectors is broken in TVM 0.27 (a broadcast
+        # initialiser becomes make_ulonglong4 of 8 floats, which nvcc rejects)
+        _vector_loads(sch, rf, form.weight, ko)
         sch.unroll(v_n)
     if tiling.kin > 1 and form.rows_vector is not None and len(form.red) == 1 and form.K % tiling.kin == 0:
         # the rows' kin consecutive terms a step as one vector load per row (A[m, k:k + kin])
-        a_index = [i for i, r in enumerate(sch.get(rf).reads) if r.source.same_as(form.rows_vector)][0]
-        a_local = sch.cache_read(rf, a_index, "local")
-        sch.compute_at(a_local, ko, preserve_unit_loops=True)
-        sch.vectorize(sch.get_loops(a_local)[-1])
+        _vector_loads(sch, rf, form.rows_vector, ko)
     sch.decompose_reduction(rf, ko)
     # the cross-thread sum over t_k, per row and column; the write-back block iterates
     # (t_k, [unit batch/split,] rows, columns of the tile) under blockIdx.x
@@ -411,6 +407,10 @@ def plan(form: GemvForm, target) -> Tiling:
     matrix (N = 4096: 4 warps an SM): the reduction is split over blocks until about
     ``WARPS_PER_SM`` warps an SM stream, keeping at least ``MIN_STEPS`` steps a lane and the
     float32 partials' traffic under ``MAX_PARTIAL_TRAFFIC`` of the weight's bytes.
+
+    Two cases take the tilings of the H200 sweeps first: contiguous columns against one weight
+    or with several rows (:func:`_shared_tail_plan`), and q K^T over batch axes with its
+    reduction contiguous (16-byte loads along the reduction, ``RED_VECTOR_*``).
     """
     sms = sm_count(target)
     elem = 2 if form.dtype in NARROW_FLOATS else 4
