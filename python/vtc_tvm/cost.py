@@ -12,7 +12,8 @@ Analytic, per target kind (:data:`TARGETS`, data not code):
   rewrite turns into a pattern it does not fuse the same way (injective, opaque) becomes a kernel
   of its own: +1 launch and a write + read of its output.
 
-Measured costs override the analytic time when ``profile=True`` (:mod:`vtc_tvm.profile_db`).
+Measured costs override the analytic decision where they exist (``profile=True``, or an earlier
+measurement of the same kernels: :class:`vtc_tvm.profile.MeasuredEdges`).
 
 Limits: 1. bandwidths and launch overheads are nominal (H200 HBM3e, one DDR channel set for
 CPUs); 2. an edge's ``memory`` is the buffer it frees, an additive proxy the solver sums (for

@@ -198,8 +198,8 @@ class Collector(Walker):
                     measured = self.profiler.compare(func, vt.mapping.to_prim_func("vtc_copy"), got)
                     if measured is not None:
                         verdict = Decision(measured[0], f"{verdict.reason}; {measured[1]}")
-                    else:
-                        verdict = Decision(True, f"{verdict.reason}; not profiled (symbolic shape)")
+                    elif self.profiler.unmeasured is not None:
+                        verdict = Decision(True, f"{verdict.reason}; {self.profiler.unmeasured}")
         edge = Edge(len(graph.edges), "load", src.id, dsts[0].id if dsts else graph.constant().id, consumer.id, name,
                     mapping=vt.mapping, contiguity=contig, pattern=pattern, legal=rewritten is not None,
                     verdict=verdict, rewritten=rewritten, fused_before=pattern, fused_after=after,
@@ -308,14 +308,16 @@ def plan(mod: tvm.IRModule, target=None, strategy: Union[str, Callable] = "conti
          ops: Optional[Sequence[str]] = None, inplace: Sequence[str] = (), profile=False,
          memory_guard: bool = False, objective: str = "latency", report=None) -> Plan:
     """The plan :func:`vtc_tvm.VirtualTensorize` emits for ``mod`` (same options)."""
-    from .profile import EdgeProfiler
+    from .profile import EdgeProfiler, MeasuredEdges
 
     tgt = tvm.target.Target(target) if target is not None else tvm.target.Target.current(allow_none=True)
-    profiler = profile if isinstance(profile, EdgeProfiler) else None
+    profiler = profile if isinstance(profile, (EdgeProfiler, MeasuredEdges)) else None
     if profile is True:
         if tgt is None:
             raise ValueError("VirtualTensorize(profile=True) needs a target")
         profiler = EdgeProfiler(tgt)
+    elif profile is False:  # what was measured before still decides the edges it covers
+        profiler = MeasuredEdges.for_target(tgt)
     choose = get_strategy(strategy)
     allowed = None if ops is None else set(ops)
     every = strategy == "all"

@@ -9,17 +9,26 @@ the target's device:
 * *virtual*: the rewritten consumer.
 
 The edge is taken only if virtual <= physical x (1 + ``tolerance``). Kernels are scheduled the
-way the pipeline schedules them (DLight's default rules on GPU targets), fed random data (index
-inputs are 0, always in range) and timed with ``time_evaluator``. Timings are cached by
+way the ``"vtc"`` pipeline schedules them (our rules, then DLight's, on GPU targets), fed random
+data (index inputs are 0, always in range) and timed with ``time_evaluator``. Timings are cached by
 structural hash, so the 32 identical layers of a model are profiled once, and kept in a
 persistent :class:`ProfileDB` (a JSON file, ``~/.cache/vtc_tvm/profile.json`` unless told
 otherwise) keyed by the structural hashes of (original consumer, copy, rewritten consumer) and
-the target string: a second compile of the same model measures nothing.
+the target (:func:`target_key`): a second compile of the same model measures nothing.
+
+Without profiling, the pass still uses what was measured before (:class:`MeasuredEdges`): the
+database shipped with the package (``measured/``: the benchmark workloads' edges, measured on
+an H200 with ``benchmarks/run.py --vtc-profile``) and the file ``$VTC_TVM_PROFILE_DB`` names,
+if any. Their entries decide the edges whose three kernels they hold, on the target they were
+measured for; every other edge keeps the analytic cost. An entry is only found for the kernels
+that measured it: a change of the rewrite (or of TVM) misses, and falls back to the analytic
+decision.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Dict, Optional, Tuple, Union
@@ -29,7 +38,28 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
+logger = logging.getLogger("vtc_tvm")
 DEFAULT_DB = Path(os.path.expanduser("~/.cache/vtc_tvm/profile.json"))
+SHIPPED_DB = Path(__file__).parent / "measured" / "edges.json"
+
+
+def target_key(target) -> str:
+    """The target part of a key: for CUDA, the kind and architecture (a measurement holds for
+    what the kernels compile to, not for how the target was spelled); otherwise the target's
+    string."""
+    target = tvm.target.Target(target)
+    if target.kind.name == "cuda" and target.attrs.get("arch"):
+        return f"cuda -arch={target.attrs['arch']}"
+    return str(target)
+
+
+def verdict(times, tolerance: float) -> Tuple[bool, str]:
+    """``(take, reason)`` from ``[copy_us, consumer_us, virtual_us]``: take the edge iff the
+    rewritten consumer is not slower than copy + consumer (within ``tolerance``)."""
+    copy_us, consumer_us, virtual_us = times
+    take = virtual_us <= (copy_us + consumer_us) * (1 + tolerance)
+    return take, (f"profiled: {virtual_us:.1f} us {'<=' if take else '>'} copy {copy_us:.1f} + "
+                  f"consumer {consumer_us:.1f} us")
 
 
 class ProfileDB:
@@ -50,7 +80,7 @@ class ProfileDB:
     @staticmethod
     def key(original, copy, rewritten, target) -> str:
         hashes = [tvm_ffi.structural_hash(f) for f in (original, copy, rewritten)]
-        return "/".join(str(h) for h in hashes) + "@" + str(target)
+        return "/".join(str(h) for h in hashes) + "@" + target_key(target)
 
     def get(self, key):
         return self.entries.get(key)
@@ -68,6 +98,9 @@ class ProfileDB:
 class EdgeProfiler:
     """Times candidate kernels on ``target``'s device (see the module docstring); ``db``: a
     :class:`ProfileDB`, its path, or None for the default file."""
+
+    # the reason of an edge taken without a timing
+    unmeasured = "not profiled (a symbolic shape, or a kernel that does not build alone)"
 
     def __init__(self, target, tolerance: float = 0.02, number: int = 10, repeat: int = 5,
                  db: Union[ProfileDB, str, Path, None] = None):
@@ -90,20 +123,24 @@ class EdgeProfiler:
             if any(t is None for t in times):
                 return None
             self.db.put(key, times)
-        copy_us, consumer_us, virtual_us = times
-        physical_us = copy_us + consumer_us
-        take = virtual_us <= physical_us * (1 + self.tolerance)
-        return take, (f"profiled: {virtual_us:.1f} us {'<=' if take else '>'} copy {copy_us:.1f} + "
-                      f"consumer {consumer_us:.1f} us")
+        return verdict(times, self.tolerance)
 
     def time_us(self, func: tirx.PrimFunc) -> Optional[float]:
-        """Median run time of ``func`` alone, in microseconds (None for symbolic shapes)."""
+        """Median run time of ``func`` alone, in microseconds (None for symbolic shapes, and
+        for a kernel that does not build on its own: DLight's Reduction rule schedules the bare
+        q K^T of a grown cache into a cross-thread reduction TVM cannot lower; the pipeline fuses
+        it with its scale first)."""
         key = tvm_ffi.structural_hash(func)
         if key not in self._cache:
             args = _random_args(func, self.device)
             if args is None:
                 return None
-            kernel = self._build(func)
+            try:
+                kernel = self._build(func)
+            except Exception:  # noqa: BLE001 - a TVM build error is a kernel we cannot time
+                logger.info("not profiled: %s does not build on its own", func.attrs.get("global_symbol", "a kernel")
+                            if func.attrs else "a kernel")
+                return None
             timer = kernel.mod.time_evaluator("main", self.device, number=self.number, repeat=self.repeat)
             self._cache[key] = float(np.median(timer(*args).results)) * 1e6
         return self._cache[key]
@@ -112,12 +149,61 @@ class EdgeProfiler:
         mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
         with self.target:
             if "gpu" in self.target.keys:
-                from tvm.s_tir import dlight
+                from .schedules import ApplySchedules
 
-                from .rewrite import _dlight_rules
-
-                mod = dlight.ApplyDefaultSchedule(*_dlight_rules())(mod)
+                mod = ApplySchedules(self.target)(mod)  # the "vtc" pipeline's rules: ours, then DLight's
             return tvm.compile(mod, target=self.target)
+
+
+class MeasuredEdges:
+    """What was measured before, for a compile that does not profile: read-only entries of
+    :data:`SHIPPED_DB` and ``$VTC_TVM_PROFILE_DB`` for one target. :meth:`compare` is
+    :meth:`EdgeProfiler.compare` without the device: an edge with no entry gets None (the
+    analytic decision stands). :meth:`for_target` gives None when nothing was measured for the
+    target, so other targets pay nothing."""
+
+    unmeasured = None  # an edge without an entry keeps its analytic verdict
+
+    def __init__(self, target, entries: Dict[str, list], tolerance: float = 0.02):
+        self.target, self.entries, self.tolerance = tvm.target.Target(target), entries, tolerance
+
+    @classmethod
+    def for_target(cls, target, paths=None) -> Optional["MeasuredEdges"]:
+        if target is None:
+            return None
+        if paths is None:
+            paths = [SHIPPED_DB] + ([os.environ["VTC_TVM_PROFILE_DB"]] if os.environ.get("VTC_TVM_PROFILE_DB") else [])
+        suffix = "@" + target_key(target)
+        entries = {}
+        for path in paths:
+            entries.update({k: v for k, v in _read_entries(path).items() if k.endswith(suffix)})
+        return cls(target, entries) if entries else None
+
+    def compare(self, original: tirx.PrimFunc, copy: tirx.PrimFunc,
+                rewritten: tirx.PrimFunc) -> Optional[Tuple[bool, str]]:
+        times = self.entries.get(ProfileDB.key(original, copy, rewritten, self.target))
+        if times is None:
+            return None
+        take, reason = verdict(times, self.tolerance)
+        return take, reason.replace("profiled:", "measured before:", 1)
+
+
+_ENTRIES: Dict[Tuple[str, float], Dict[str, list]] = {}
+
+
+def _read_entries(path) -> Dict[str, list]:
+    """A database file's entries ({} when absent or damaged), read once per file version."""
+    path = Path(path)
+    try:
+        stamp = (str(path), path.stat().st_mtime)
+    except OSError:
+        return {}
+    if stamp not in _ENTRIES:
+        try:
+            _ENTRIES[stamp] = json.loads(path.read_text())
+        except (OSError, ValueError):
+            _ENTRIES[stamp] = {}
+    return _ENTRIES[stamp]
 
 
 def _random_args(func: tirx.PrimFunc, device):

@@ -130,7 +130,10 @@ def VirtualTensorize(
     profile : bool or EdgeProfiler
         Time every edge the strategy accepts on the target's device (copy + consumer against
         the rewritten consumer, see :mod:`vtc_tvm.profile`) and take it only if it is not
-        slower. Needs the device; costs a kernel build per distinct edge.
+        slower. Needs the device; costs a kernel build per distinct edge. Without it, the edges
+        measured before are still decided by their measurements (the database shipped in the
+        package, the benchmark workloads on an H200, and ``$VTC_TVM_PROFILE_DB``: see
+        :class:`vtc_tvm.profile.MeasuredEdges`); the others by the analytic cost.
     memory_guard : bool
         Never plan more intermediate memory than stock TVM: a constraint of the plan. The
         bytes TVM's static planner will plan are predicted for stock and for the plan
