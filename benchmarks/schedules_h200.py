@@ -7,8 +7,9 @@ Builds each decode layer four ways and, per batch, checks numerics against float
 * ``vtc_ours``      vtc-tvm with ``schedules="vtc"``
 * ``vtc_dlight``    vtc-tvm with DLight's rules
 * ``vtc_ms``        vtc-tvm through the ``"vtc_tuning"`` pipeline: MetaSchedule tunes every kernel
-  (``--ms-trials`` a task, ``--ms-budget-s`` in all; DLight's schedule of each task is measured
-  too and the best record wins), the rest falls to DLight (opt-in: ``--variants ... vtc_ms``)
+  (``--ms-trials`` a task, ``--ms-budget-s`` in all; the untuned schedule of each task, ours or
+  DLight's, is measured too and a record applies only where it is faster), the rest falls to our
+  rules and DLight (opt-in: ``--variants ... vtc_ms``)
 
 Workloads with updatable caches (``*_static``) get the workload's ``inplace=`` in the vtc builds.
 

@@ -1,6 +1,6 @@
 """MetaSchedule for both harnesses (``benchmarks.run`` and ``benchmarks.kernels``): a thin caller
 of :mod:`vtc_tvm.tuning`, which holds the machinery (settings, the warm build pool, the runners
-with in-bounds integer inputs, the DLight baseline record, the database files, the tuning loop).
+with in-bounds integer inputs, the untuned build's baseline time, the database files, the tuning loop).
 
 This module adds what only the harnesses need: the ``--ms-*`` command-line options, compiling one
 variant ("stock" or "vtc") with MetaSchedule (:func:`compile_metaschedule`) and tuning stock and
@@ -25,7 +25,6 @@ from vtc_tvm.tuning import (  # noqa: F401  (re-exported: the harnesses and test
     TuneSettings,
     alloc_in_bounds,
     apply_database,
-    dlight_record,
     fake_runner,
     indirect,
     local_runner,
@@ -60,7 +59,7 @@ def add_arguments(ap, default_tasks: str = "anchor"):
     g.add_argument("--ms-repeat", type=int, default=d.repeat, help="runner: measurements per candidate")
     g.add_argument("--ms-builders", type=int, default=None, help="build workers (default: os.cpu_count())")
     g.add_argument("--ms-no-dlight-baseline", action="store_true",
-                   help="do not record DLight's schedule of each tuned task next to MetaSchedule's candidates")
+                   help="do not measure the untuned schedule of each tuned task (records then apply unguarded)")
     g.add_argument("--ms-fake-runner", action="store_true",
                    help="measure nothing (pseudo-random times): checks the tuning flow without a device; "
                         "its database goes to a scratch folder unless --tuning-dir is given")
@@ -114,7 +113,7 @@ def tune_and_apply(fused: tvm.IRModule, target, work_dir: str, settings: TuneSet
     stats = {} if stats is None else stats
     db = tune([fused], target, work_dir, settings, runner=runner, builder=builder, label=label, stats=stats,
               quiet_if_done=True)
-    applied = apply_database(fused, target, db)
+    applied = apply_database(fused, target, db, work_dir)
     stats["ms_kernels"] = len(scheduled_kernels(applied))
     return applied
 

@@ -185,12 +185,16 @@ def test_benchmark_tuning_flow_for_cuda_without_gpu(tmp_path):
     assert len(ms.database.JSONDatabase(work_dir=str(packed))) == 2  # one record per tuned workload
 
 
-def test_dlight_baseline_is_a_record(tmp_path):
-    """Each tuned task also gets DLight's schedule, measured by the same runner, as a record: the
-    database's best is never worse than DLight. It survives the JSON round trip and applies."""
+def test_baseline_time_guards_the_records(tmp_path):
+    """Each tuned task's untuned schedule is measured by the same runner and kept next to the
+    database (not as a record: our rules' traces do not replay); a record is applied only where
+    it beats that time, so the tuned build is never worse than the untuned one."""
+    import json
+
     from tvm import relax
 
     from benchmarks import tuning
+    from vtc_tvm import tuning as vtuning
     from vtc_tvm.pipeline import cuda_target
 
     builder = tuning.pooled_builder(workers=1)
@@ -202,13 +206,36 @@ def test_dlight_baseline_is_a_record(tmp_path):
         settings = tuning.TuneSettings(trials=2, population=16, init_min_unmeasured=8, dlight_baseline=baseline)
         runner = tuning.fake_runner(seed=0)
         tuning.tune([fused], target, str(work), settings, runner=runner, builder=builder)
-        db = ms.database.JSONDatabase(work_dir=str(work))  # from disk: the DLight record parses
-        counts[baseline] = (len(db), runner.calls)
-        with target:
-            applied = relax.transform.MetaScheduleApplyDatabase(str(work))(fused)
-        assert [n for n in tuning.scheduled_kernels(applied) if "matmul" in n]
-    assert counts[True][0] == counts[False][0] + 1, counts  # one more record ...
-    assert counts[True][1] == counts[False][1] + 1, counts  # ... measured by the same runner
+        db = ms.database.JSONDatabase(work_dir=str(work))
+        counts[baseline] = (len(db), runner.calls, vtuning.load_baselines(str(work)))
+    assert counts[True][0] == counts[False][0], counts  # no record of its own ...
+    assert counts[True][1] == counts[False][1] + 1, counts  # ... measured by the same runner ...
+    assert counts[False][2] == {} and len(counts[True][2]) == 1, counts  # ... and kept beside the database
+    work = tmp_path / "db1"
+    db = ms.database.JSONDatabase(work_dir=str(work))
+    for base_us, applied in ((1e9, True), (0.0, False)):  # slower than every record / faster
+        (key,) = vtuning.load_baselines(str(work))
+        (work / vtuning.BASELINE_FILE).write_text(json.dumps({key: base_us}))
+        out = vtuning.apply_database(fused, target, db, str(work))
+        assert bool([n for n in tuning.scheduled_kernels(out) if "matmul" in n]) is applied, base_us
+    with target:  # the unguarded application still takes the record
+        assert [n for n in tuning.scheduled_kernels(relax.transform.MetaScheduleApplyDatabase(str(work))(fused))
+                if "matmul" in n]
+
+
+def test_vtc_baseline_is_our_rules_then_dlight():
+    """The ``"vtc_tuning"`` pipeline's baseline is the schedule of the ``"vtc"`` build: our rules
+    first, then exactly TVM's list; the stock build's is TVM's list."""
+    from vtc_tvm import schedules
+    from vtc_tvm import tuning as vtuning
+    from vtc_tvm.pipeline import cuda_target
+
+    target = cuda_target()
+    ours, stock = schedules.our_rules(target), schedules.stock_rules(target)
+    assert [type(r) for r in vtuning.baseline_rules("vtc", target)] == [type(r) for r in ours + stock]
+    assert [type(r) for r in vtuning.baseline_rules("dlight", target)] == [type(r) for r in stock]
+    assert vtuning._with_baseline(None, None, True).baseline == "vtc"
+    assert vtuning._with_baseline(None, None, False).baseline == "dlight"
 
 
 @pytest.mark.slow

@@ -20,8 +20,8 @@ A second compile with the same ``work_dir`` finds every kernel in the database a
 
 Budget: ``max_trials_per_task`` measured candidates per kernel, and/or ``max_seconds`` for the
 whole tuning. The granularity of ``max_seconds`` is one task: a kernel whose tuning has started
-finishes it (one batch of ``max_trials_per_task`` candidates, plus the measurement of DLight's
-schedule), and no kernel starts after the budget is spent; those stay with the untuned build's
+finishes it (one batch of ``max_trials_per_task`` candidates, plus the measurement of the
+untuned schedule), and no kernel starts after the budget is spent; those stay with the untuned build's
 rules. Kernels are tuned largest FLOP count first, so a budget drops the smallest ones.
 
 How a task is tuned (:class:`TuneSettings`), cheap per trial:
@@ -30,8 +30,10 @@ How a task is tuned (:class:`TuneSettings`), cheap per trial:
    instead of TVM's 512; with one batch the cost model is the random one and there are no genetic
    rounds, since an untrained XGBoost model ranks at random);
 2. on CUDA the tensor-core space first, the plain CUDA space when it has no valid candidate (a GEMV);
-3. DLight's own schedule of the kernel is measured by the same builder and runner and recorded too,
-   so the database's best is never worse than what the build gets without tuning;
+3. the schedule the untuned build gives the kernel (the ``"vtc"`` pipeline's: our rules, then
+   DLight's; stock's: DLight's) is measured by the same builder and runner and its time kept next
+   to the database (``baselines.json``): a record is applied only where it beats it
+   (:func:`apply_database`), so the tuned build is never worse than the untuned one;
 4. kernels that load through a loaded index (gather) get in-bounds integer inputs (all zero):
    MetaSchedule fills inputs at random, and an out-of-bounds read poisons the CUDA context.
 
@@ -50,10 +52,9 @@ workload, the form to commit or ship (:func:`open_database` brings them back).
 Limits: 1. static shapes only (MetaSchedule tunes no symbolic kernel: such kernels stay with
 DLight); 2. a kernel whose workload does not survive MetaSchedule's JSON round trip is found again
 only within the process that tuned it (logged as a warning); 3. on CPU targets MetaSchedule needs
-``num-cores`` in the target: it is added (``os.cpu_count()``) where missing; 4. the baseline
-recorded next to MetaSchedule's candidates is DLight's schedule, not our small-batch rules' (their
-float32 widening rewrites the kernel, so their trace is no record of the task's workload): a tuned
-kernel that our rules would schedule faster still takes MetaSchedule's (or DLight's) best.
+``num-cores`` in the target: it is added (``os.cpu_count()``) where missing; 4. the baseline is a
+time, not a record (our rules' float32 widening rewrites the kernel, so their trace does not
+replay on the task's workload): MetaSchedule's search does not start from it.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import json
 import logging
 import lzma
 import os
@@ -106,7 +108,8 @@ class TuneSettings:
     tasks: str = "anchor"  # "anchor": only kernels with a matmul/conv; "all"
     deadline: float | None = None  # time.time() after which no new task is tuned
     seed: int = 0
-    dlight_baseline: bool = True  # also measure DLight's schedule of each tuned task: the best record wins
+    dlight_baseline: bool = True  # also measure the untuned build's schedule of each tuned task: records apply if faster
+    baseline: object = "dlight"  # whose schedule that is: "dlight", "vtc" (ours, then DLight's), or a rule list
     index_inputs_in_bounds: bool = True  # the runner zero-fills integer inputs, so gathers can be tuned
 
     def strategy(self, max_fail_count: int = 5, min_population: int = 0):
@@ -539,20 +542,39 @@ def _tune_one(ctx, work_dir, settings, builder, runner, db, bar=None):
         return state, f"{type(e).__name__}: {lines[-1][:200] if lines else ''}"
 
 
-def dlight_record(task, target, builder, runner, db) -> float | None:
-    """Measure DLight's schedule of ``task`` with the tuning run's own builder and runner and
-    commit it to ``db`` as one more record (microseconds; None where DLight has no schedule or it
-    fails to build or run). The database's best is then never worse than what the build would
-    get without it: at a budget of a few random candidates (a GEMV has no tensor-core sketch),
-    MetaSchedule alone lost to DLight by 3x on the H200."""
-    from tvm.s_tir import meta_schedule as ms
+def baseline_rules(baseline, target) -> list:
+    """The schedule rules :class:`TuneSettings`' ``baseline`` names, in the order the build
+    tries them."""
+    from .schedules import default_rules, stock_rules
 
-    from .rewrite import _dlight_schedule
+    if baseline == "vtc":
+        return default_rules(target)
+    if baseline == "dlight":
+        return stock_rules(target)
+    return list(baseline)
+
+
+def measure_baseline(task, target, builder, runner, baseline="dlight") -> float | None:
+    """Run time (microseconds) of the schedule the untuned build gives ``task`` (the first of
+    ``baseline``'s rules, :func:`baseline_rules`, that takes it), measured with the tuning run's
+    own builder and runner; None where no rule schedules it or it fails to build or run.
+
+    It is kept next to the database (:func:`save_baseline`), not as a record: our rules rewrite
+    the TIR besides scheduling it (float32 accumulation), so their traces do not replay on the
+    task's workload. :func:`apply_database` applies a record only where it beats this time, so
+    the tuned build is never worse than the untuned one: at a budget of a few random candidates
+    (a GEMV has no tensor-core sketch) MetaSchedule alone lost to DLight by 3x on the H200, and
+    to our small-batch rules by more."""
+    from tvm.s_tir import meta_schedule as ms
 
     mod = task.dispatched[0]
     try:
+        sch = None
         with target:
-            _, sch = _dlight_schedule(mod["main"], target)
+            for rule in baseline_rules(baseline, target):
+                sch = rule.apply(mod["main"], target, False)
+                if sch is not None:
+                    break
         if isinstance(sch, list):
             sch = sch[0] if sch else None
         if sch is None:
@@ -567,9 +589,56 @@ def dlight_record(task, target, builder, runner, db) -> float | None:
         return None
     if result.error_msg or not result.run_secs:
         return None
-    db.commit_tuning_record(ms.database.TuningRecord(sch.trace, db.commit_workload(mod), result.run_secs, target,
-                                                     args_info))
     return float(np.mean([float(t) for t in result.run_secs])) * 1e6
+
+
+BASELINE_FILE = "baselines.json"  # {workload shash: the untuned build's time of it, us}
+
+
+def load_baselines(work_dir) -> dict:
+    try:
+        with open(os.path.join(work_dir, BASELINE_FILE)) as f:
+            return json.load(f)
+    except (OSError, ValueError, TypeError):
+        return {}
+
+
+def _workload_key(mod: tvm.IRModule) -> str:
+    import tvm_ffi
+
+    return str(tvm_ffi.structural_hash(mod))
+
+
+def save_baseline(work_dir: str, mod: tvm.IRModule, us: float) -> None:
+    """Keep ``us`` as the untuned build's time of the task whose workload is ``mod``."""
+    baselines = load_baselines(work_dir)
+    baselines[_workload_key(mod)] = round(us, 3)
+    tmp = os.path.join(work_dir, BASELINE_FILE + ".part")
+    with open(tmp, "w") as f:
+        json.dump(dict(sorted(baselines.items())), f, indent=0)
+    os.replace(tmp, os.path.join(work_dir, BASELINE_FILE))
+
+
+def faster_than_baseline(db, baselines: dict):
+    """A database with the best record of each of ``db``'s workloads that beats its baseline
+    time (all of them where none was measured)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    out = ms.database.MemoryDatabase()
+    seen = set()
+    for rec in db.get_all_tuning_records():
+        wkl, key = rec.workload, _workload_key(rec.workload.mod)
+        if key in seen:
+            continue
+        seen.add(key)
+        (best,) = db.get_top_k(wkl, 1)
+        base = baselines.get(key)
+        if base is not None and (not best.run_secs
+                                 or float(np.mean([float(t) for t in best.run_secs])) * 1e6 >= base):
+            continue
+        out.commit_tuning_record(ms.database.TuningRecord(best.trace, out.commit_workload(wkl.mod), best.run_secs,
+                                                          best.target, best.args_info))
+    return out
 
 
 def _progress_bar(total, enabled):
@@ -681,17 +750,19 @@ def _tune_todo(todo, groups, dbs, target, settings, builder, runner, stats, log,
         else:
             stats["failed"] += 1
             _FAILED.add(_key(task))
-        dlight_us = dlight_record(task, target, builder, runner, db) if settings.dlight_baseline else None
-        if dlight_us is not None:
-            stats["dlight_better"] = stats.get("dlight_better", 0) + int(dlight_us < state["best"] * 1e6)
+        base_us = measure_baseline(task, target, builder, runner, settings.baseline) \
+            if settings.dlight_baseline else None
+        if base_us is not None:
+            save_baseline(work_dir, task.dispatched[0], base_us)
+            stats["baseline_better"] = stats.get("baseline_better", 0) + int(base_us <= state["best"] * 1e6)
         best = f"{state['best'] * 1e6:.1f} us" if state["best"] < float("inf") else "none"
         split = ""
         if "end" in BUILD_TIMES and state.get("batches") == 1:  # one batch: search, build, run
             split = (f" (search {BUILD_TIMES['start'] - t0:.1f} + build "
                      f"{BUILD_TIMES['end'] - BUILD_TIMES['start']:.1f} + run {state['measured'] - BUILD_TIMES['end']:.1f})")
         name = task.task_name if len(groups) == 1 else f"{os.path.basename(work_dir)}:{task.task_name}"
-        if dlight_us is not None:
-            best += f" (DLight {dlight_us:.1f} us)"
+        if base_us is not None:
+            best += f" (untuned {base_us:.1f} us)"
         log(f"      [{i + 1}/{len(todo)}] {name} ({_flops(task) / 1e9:.2f} GFLOP): "
             f"{state['trials']} trials, {state['built']} built, {state['ran']} ran, best {best}; "
             f"{time.time() - t_task:.1f} s{split}{space}" + (f"  ({err})" if err and not state["ran"] else ""))
@@ -707,8 +778,13 @@ def tune_fused(fused_mods: list[tvm.IRModule], target, work_dir: str, settings: 
                        stats=stats, log=log, quiet_if_done=quiet_if_done, progress=progress)[0]
 
 
-def apply_database(fused: tvm.IRModule, target, db) -> tvm.IRModule:
-    """``fused`` with every kernel ``db`` has a record for replaced by its best schedule."""
+def apply_database(fused: tvm.IRModule, target, db, work_dir: str | None = None) -> tvm.IRModule:
+    """``fused`` with every kernel ``db`` has a record for replaced by its best schedule; with
+    ``work_dir``, only where that beats the untuned build's time kept there
+    (:func:`measure_baseline`): the other kernels are left to the build's own rules."""
+    baselines = load_baselines(work_dir) if work_dir else {}
+    if baselines:
+        db = faster_than_baseline(db, baselines)
     with target, db:
         return relax.transform.MetaScheduleApplyDatabase()(fused)
 
@@ -776,6 +852,13 @@ def _in_target(target, passes, name):
     return _run
 
 
+def _with_baseline(settings, schedules, vtc):
+    """``settings`` whose baseline record of each task is the schedule the kernels without a
+    record get (the rules :func:`split_pipeline`'s ``rest`` schedules with)."""
+    return dataclasses.replace(settings or TuneSettings(tasks="all"),
+                               baseline=schedules or ("vtc" if vtc else "dlight"))
+
+
 def _settings(max_trials_per_task, settings):
     return dataclasses.replace(settings or TuneSettings(tasks="all"), trials=int(max_trials_per_task))
 
@@ -800,7 +883,7 @@ def tune_kernels(target, work_dir: str, max_trials_per_task: int = 64, max_secon
         log = _print if progress else logger.info
         db = tune_fused([mod], target, work_dir, run, runner=runner, builder=builder, stats=stats, log=log,
                         progress=progress)
-        return apply_database(mod, target, db)
+        return apply_database(mod, target, db, work_dir)
 
     return _tune
 
@@ -816,6 +899,7 @@ def tuning_pipeline(target, work_dir: str, max_trials_per_task: int = 64, max_se
     """
     target = tuning_target(target)
     front, rest = split_pipeline(target, vtc, schedules, **vtc_options)
+    settings = _with_baseline(settings, schedules, vtc)
     tune_pass = tune_kernels(target, work_dir, max_trials_per_task, max_seconds, runner, progress, settings, builder,
                              stats)
     return _in_target(target, front + [tune_pass] + rest, "vtc_tuning_pipeline")
@@ -840,6 +924,7 @@ def tune(mod: tvm.IRModule, target, work_dir: str, max_trials_per_task: int = 64
     """
     target = tuning_target(target)
     front, _ = split_pipeline(target, vtc, **vtc_options)
+    settings = _with_baseline(settings, None, vtc)
     tune_pass = tune_kernels(target, work_dir, max_trials_per_task, max_seconds, runner, progress, settings, builder,
                              stats)
     return _in_target(target, front + [tune_pass], "vtc_tune")(mod)
