@@ -194,7 +194,7 @@ class Collector(Walker):
             else:
                 rewritten = got
                 after = int(got.attrs["op_pattern"]) if got.attrs and "op_pattern" in got.attrs else pattern
-                if self.profiler is not None:
+                if self.profiler is not None and self.profiler.covers(func):
                     measured = self.profiler.compare(func, vt.mapping.to_prim_func("vtc_copy"), got)
                     if measured is not None:
                         verdict = Decision(measured[0], f"{verdict.reason}; {measured[1]}")

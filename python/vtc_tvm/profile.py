@@ -102,6 +102,9 @@ class EdgeProfiler:
     # the reason of an edge taken without a timing
     unmeasured = "not profiled (a symbolic shape, or a kernel that does not build alone)"
 
+    def covers(self, original: tirx.PrimFunc) -> bool:  # noqa: ARG002 - every edge is measured
+        return True
+
     def __init__(self, target, tolerance: float = 0.02, number: int = 10, repeat: int = 5,
                  db: Union[ProfileDB, str, Path, None] = None):
         self.db = db if isinstance(db, ProfileDB) else ProfileDB(db)
@@ -166,6 +169,12 @@ class MeasuredEdges:
 
     def __init__(self, target, entries: Dict[str, list], tolerance: float = 0.02):
         self.target, self.entries, self.tolerance = tvm.target.Target(target), entries, tolerance
+        self.originals = {key.split("/", 1)[0] for key in entries}
+
+    def covers(self, original: tirx.PrimFunc) -> bool:
+        """Whether an entry measured ``original`` (one hash: the copy kernel and the rewrite of
+        the other edges are not built)."""
+        return str(tvm_ffi.structural_hash(original)) in self.originals
 
     @classmethod
     def for_target(cls, target, paths=None) -> Optional["MeasuredEdges"]:
