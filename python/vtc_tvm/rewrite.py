@@ -383,15 +383,19 @@ _OUTCOMES = OrderedDict()
 _OUTCOMES_LIMIT = 4096
 
 
-def _dlight_outcome(func: tirx.PrimFunc, target):
+def _dlight_outcome(func: tirx.PrimFunc, target, schedules=None):
     """``(index of the first default DLight rule that schedules func, its serial half terms)``;
-    raises what DLight raised. Once per structure and target."""
+    raises what DLight raised. Once per structure and target. When DLight runs here (no verdict
+    on this structure yet), the schedule it made (None: no rule took it) is appended to
+    ``schedules`` if given."""
     key = (tvm_ffi.structural_hash(func), str(target))
     found = _OUTCOMES.get(key)
     if found is None:
         try:
             rule, sch = _dlight_schedule(func, target)
             found = (rule, _serial_half_terms(func, rule, sch))
+            if schedules is not None:
+                schedules.append(sch)
         except Exception as err:  # noqa: BLE001 - re-raised to every caller, as DLight raised it
             found = err
         _remember(key, found)
@@ -483,14 +487,15 @@ def _serial_half_terms(func: tirx.PrimFunc, rule: int, sch) -> int:
     return terms
 
 
-def check_schedulable(func: tirx.PrimFunc, target) -> None:
+def check_schedulable(func: tirx.PrimFunc, target, schedules=None) -> None:
     """On a GPU target, raise :class:`NotRewritable` unless DLight's default rules schedule
-    ``func`` (a kernel of ours with no stock counterpart to compare with)."""
+    ``func`` (a kernel of ours with no stock counterpart to compare with); ``schedules``: as
+    :func:`_dlight_outcome`'s."""
     if target is None or "gpu" not in target.keys:
         return
     try:
         with target:
-            _dlight_rule(func, target)
+            _dlight_outcome(func, target, schedules)
     except Exception as err:  # noqa: BLE001 - any failure means: do not use this kernel
         lines = [ln for ln in str(err).splitlines() if ln.strip()]
         raise NotRewritable(f"DLight cannot schedule the kernel: {lines[-1][:200] if lines else type(err).__name__}") from None
