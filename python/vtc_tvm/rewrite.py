@@ -521,23 +521,39 @@ def best_schedulable(original: tirx.PrimFunc, candidates, target) -> tirx.PrimFu
         # 16-bit serial-sum check below depends on it). Same choice and reasons as trying the
         # original's rules first; an error DLight would raise on the original in a rule past
         # that point is not provoked.
-        outcomes = []
+        # Once a form has a rule past Matmul (index >= 1: no serial 16-bit sum, so never refused
+        # below), a later form matters only with a more specialised rule: only DLight's rules
+        # before that one are run on it (None in ``outcomes``: it cannot be preferred). Its
+        # unknown rule would be no lower, its serial terms 0 (only Matmul has them) and a failure
+        # of it never shown (a form stays ranked): ``before``, the ranking and the reasons are
+        # those of the full search.
+        outcomes, limit = [], None
         for func in candidates:
             try:
-                outcomes.append(_dlight_outcome(func, target))
+                if limit is None:
+                    outcomes.append(_dlight_outcome(func, target))
+                elif _dlight_rule_below(func, target, limit) is None:
+                    outcomes.append(None)
+                    continue
+                else:
+                    outcomes.append(_dlight_outcome(func, target))  # recorded by _dlight_rule_below
             except Exception as err:  # noqa: BLE001 - a scheduling failure rules the form out
                 lines = [ln for ln in str(err).splitlines() if ln.strip()]
                 outcomes.append(lines[-1][:200] if lines else type(err).__name__)
                 continue
             if outcomes[-1][0] == 0 and outcomes[-1][1] < SERIAL_HALF_TERMS:
                 break  # the most specialised rule, never refused: no later form can be preferred
-        scheduled = [o for o in outcomes if not isinstance(o, str)]
+            if outcomes[-1][0] >= 1:
+                limit = outcomes[-1][0] if limit is None else min(limit, outcomes[-1][0])
+        scheduled = [o for o in outcomes if o is not None and not isinstance(o, str)]
         if not scheduled or any(serial >= SERIAL_HALF_TERMS for _, serial in scheduled):
             before = _dlight_rule(original, target)
         else:
             before = _dlight_rule_below(original, target, min(rule for rule, _ in scheduled))
         ranked, failures = [], []
         for k, outcome in enumerate(outcomes):
+            if outcome is None:
+                continue
             if isinstance(outcome, str):
                 failures.append(outcome)
                 continue
