@@ -148,32 +148,49 @@ def _update_lanes(block) -> int:
     return lanes
 
 
-def _unschedulable_by_dlight(func, target) -> bool:
-    """Whether ``func`` is a single data-parallel update that DLight's default rules fail on."""
+def _unschedulable_by_dlight(func, target, schedules=None) -> bool:
+    """Whether ``func`` is a single data-parallel update that DLight's default rules fail on
+    (``schedules``: as :func:`vtc_tvm.rewrite.check_schedulable`'s)."""
     blocks = _non_root_blocks(func)
     if target is None or "gpu" not in target.keys or not 0 < len(blocks) <= 2 \
             or any(iv.iter_type != 0 for b in blocks for iv in b.iter_vars):
         return False  # (cheap tests first: DLight is tried on few kernels)
     try:
-        check_schedulable(func, target)
+        check_schedulable(func, target, schedules)
     except NotRewritable:
         return True
     return False
 
 
-def ScheduleCopies(target=None) -> tvm.transform.Pass:
+def ScheduleCopies(target=None, dlight_next: bool = False) -> tvm.transform.Pass:
     """Schedule the provably aligned pure-copy kernels of a module (see the module docstring);
-    place it after ``FuseTIR`` and before DLight's ``ApplyDefaultSchedule``."""
+    place it after ``FuseTIR`` and before DLight's ``ApplyDefaultSchedule``.
+
+    ``dlight_next``: the pass that follows is ``ApplyDefaultSchedule`` over the stock CUDA rules
+    (with or without :mod:`vtc_tvm.schedules`' before them), in the same target context. Then a
+    kernel whose DLight check ran here keeps the schedule the check made, which is the one that
+    pass would make again: our rules return None on a kernel without a reduction block (the
+    only kind checked), and the check runs DLight's rules in their order on the same PrimFunc.
+    """
+    from .rewrite import _dlight_rules
+    from .schedules import stock_rules
 
     @tvm.transform.module_pass(opt_level=0, name="ScheduleCopies")
     def _schedule(mod, _ctx):
         tgt = tvm.target.Target(target) if target is not None else tvm.target.Target.current(allow_none=True)
+        reuse = (dlight_next and tgt is not None and tgt.kind.name == "cuda"
+                 and [type(r) for r in stock_rules(tgt)] == [type(r) for r in _dlight_rules()])
         updates = {}
         for gv, func in mod.functions_items():
             if isinstance(func, tirx.PrimFunc) and "tirx.is_scheduled" not in (func.attrs or {}):
                 scheduled = schedule_copy(func, tgt)
-                if scheduled is None and (COPY_INTO_ATTR in (func.attrs or {}) or _unschedulable_by_dlight(func, tgt)):
+                made = []  # DLight's schedule of func, when the check below ran DLight
+                if scheduled is None and (COPY_INTO_ATTR in (func.attrs or {})
+                                          or _unschedulable_by_dlight(func, tgt, made)):
                     scheduled = schedule_update(func, tgt)
+                elif scheduled is None and reuse and made and made[0] is not None \
+                        and "target" not in (func.attrs or {}):
+                    scheduled = made[0].mod["main"].with_attr("tirx.is_scheduled", True)
                 if scheduled is not None:
                     updates[gv] = scheduled
         for gv, func in updates.items():

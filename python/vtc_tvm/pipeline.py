@@ -50,10 +50,13 @@ def _with_schedules(passes: list, target, schedules) -> list:
 
 
 def fusion_passes(target: tvm.target.Target, stores: bool = True, report=None,
-                  schedule_copies: bool = True, schedules="dlight") -> list:
+                  schedule_copies: bool = True, schedules="dlight", dlight_next: bool = False) -> list:
     """The backend's legalize/fuse/schedule passes, with the store side after ``FuseTIR`` and,
     on GPU targets, vectorised schedules for the copy kernels that remain before DLight
-    (``schedules="vtc"``: our small-batch rules before DLight's, :mod:`vtc_tvm.schedules`)."""
+    (``schedules="vtc"``: our small-batch rules before DLight's, :mod:`vtc_tvm.schedules`).
+    ``dlight_next``: nothing runs between the copy schedules and DLight's pass (not so in the
+    tuning pipeline, which tunes there): the copy schedules may keep the schedules their DLight
+    check made (:func:`vtc_tvm.copy_schedule.ScheduleCopies`)."""
     from .copy_schedule import ScheduleCopies
     from .stores import VirtualTensorizeStores
 
@@ -63,7 +66,9 @@ def fusion_passes(target: tvm.target.Target, stores: bool = True, report=None,
         passes.insert(at, VirtualTensorizeStores(target, report=report))
     if schedule_copies and "gpu" in target.keys:
         at = next((i for i, p in enumerate(passes) if p.info.name == "ApplyDefaultSchedule"), len(passes))
-        passes.insert(at, ScheduleCopies(target))
+        follows = at < len(passes) and passes[at].info.name == "ApplyDefaultSchedule"
+        passes.insert(at, ScheduleCopies(target, dlight_next=dlight_next and follows
+                                         and isinstance(schedules, str)))
     return passes
 
 
@@ -100,7 +105,7 @@ def backend_passes(target: tvm.target.Target, stores: bool = True, report=None,
     copy schedules of :func:`fusion_passes`: what follows the load side."""
     backend = _backend(target)
     return (list(backend.library_dispatch_passes(target))
-            + fusion_passes(target, stores, report, schedule_copies, schedules)
+            + fusion_passes(target, stores, report, schedule_copies, schedules, dlight_next=True)
             + list(backend.dataflow_lower_passes(target)) + list(backend.finalize_passes(target)))
 
 

@@ -383,15 +383,19 @@ _OUTCOMES = OrderedDict()
 _OUTCOMES_LIMIT = 4096
 
 
-def _dlight_outcome(func: tirx.PrimFunc, target):
+def _dlight_outcome(func: tirx.PrimFunc, target, schedules=None):
     """``(index of the first default DLight rule that schedules func, its serial half terms)``;
-    raises what DLight raised. Once per structure and target."""
+    raises what DLight raised. Once per structure and target. When DLight runs here (no verdict
+    on this structure yet), the schedule it made (None: no rule took it) is appended to
+    ``schedules`` if given."""
     key = (tvm_ffi.structural_hash(func), str(target))
     found = _OUTCOMES.get(key)
     if found is None:
         try:
             rule, sch = _dlight_schedule(func, target)
             found = (rule, _serial_half_terms(func, rule, sch))
+            if schedules is not None:
+                schedules.append(sch)
         except Exception as err:  # noqa: BLE001 - re-raised to every caller, as DLight raised it
             found = err
         _remember(key, found)
@@ -483,14 +487,15 @@ def _serial_half_terms(func: tirx.PrimFunc, rule: int, sch) -> int:
     return terms
 
 
-def check_schedulable(func: tirx.PrimFunc, target) -> None:
+def check_schedulable(func: tirx.PrimFunc, target, schedules=None) -> None:
     """On a GPU target, raise :class:`NotRewritable` unless DLight's default rules schedule
-    ``func`` (a kernel of ours with no stock counterpart to compare with)."""
+    ``func`` (a kernel of ours with no stock counterpart to compare with); ``schedules``: as
+    :func:`_dlight_outcome`'s."""
     if target is None or "gpu" not in target.keys:
         return
     try:
         with target:
-            _dlight_rule(func, target)
+            _dlight_outcome(func, target, schedules)
     except Exception as err:  # noqa: BLE001 - any failure means: do not use this kernel
         lines = [ln for ln in str(err).splitlines() if ln.strip()]
         raise NotRewritable(f"DLight cannot schedule the kernel: {lines[-1][:200] if lines else type(err).__name__}") from None
@@ -516,23 +521,39 @@ def best_schedulable(original: tirx.PrimFunc, candidates, target) -> tirx.PrimFu
         # 16-bit serial-sum check below depends on it). Same choice and reasons as trying the
         # original's rules first; an error DLight would raise on the original in a rule past
         # that point is not provoked.
-        outcomes = []
+        # Once a form has a rule past Matmul (index >= 1: no serial 16-bit sum, so never refused
+        # below), a later form matters only with a more specialised rule: only DLight's rules
+        # before that one are run on it (None in ``outcomes``: it cannot be preferred). Its
+        # unknown rule would be no lower, its serial terms 0 (only Matmul has them) and a failure
+        # of it never shown (a form stays ranked): ``before``, the ranking and the reasons are
+        # those of the full search.
+        outcomes, limit = [], None
         for func in candidates:
             try:
-                outcomes.append(_dlight_outcome(func, target))
+                if limit is None:
+                    outcomes.append(_dlight_outcome(func, target))
+                elif _dlight_rule_below(func, target, limit) is None:
+                    outcomes.append(None)
+                    continue
+                else:
+                    outcomes.append(_dlight_outcome(func, target))  # recorded by _dlight_rule_below
             except Exception as err:  # noqa: BLE001 - a scheduling failure rules the form out
                 lines = [ln for ln in str(err).splitlines() if ln.strip()]
                 outcomes.append(lines[-1][:200] if lines else type(err).__name__)
                 continue
             if outcomes[-1][0] == 0 and outcomes[-1][1] < SERIAL_HALF_TERMS:
                 break  # the most specialised rule, never refused: no later form can be preferred
-        scheduled = [o for o in outcomes if not isinstance(o, str)]
+            if outcomes[-1][0] >= 1:
+                limit = outcomes[-1][0] if limit is None else min(limit, outcomes[-1][0])
+        scheduled = [o for o in outcomes if o is not None and not isinstance(o, str)]
         if not scheduled or any(serial >= SERIAL_HALF_TERMS for _, serial in scheduled):
             before = _dlight_rule(original, target)
         else:
             before = _dlight_rule_below(original, target, min(rule for rule, _ in scheduled))
         ranked, failures = [], []
         for k, outcome in enumerate(outcomes):
+            if outcome is None:
+                continue
             if isinstance(outcome, str):
                 failures.append(outcome)
                 continue

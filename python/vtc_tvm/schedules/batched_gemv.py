@@ -26,6 +26,7 @@ from typing import Optional
 
 import tvm_ffi
 from tvm import s_tir, tirx
+from tvm.s_tir import SBlock
 from tvm.s_tir.dlight.analysis import (collect_block_iter_vars_used_in_access_region,
                                        normalize_prim_func)
 from tvm.s_tir.dlight.analysis.common_analysis import get_sblockrealize
@@ -172,8 +173,24 @@ def _writes_through_division(stmt) -> bool:
     return bool(found)
 
 
+def _blocks(func: tirx.PrimFunc) -> list:
+    found = []
+    tvm_ffi.structural_walk(func.body, (SBlock, found.append), order="post")
+    return found
+
+
+def _may_match(stmt) -> bool:
+    """The tests of :func:`match` that read the block alone (no schedule): a kernel none of whose
+    blocks passes them is not one of ours."""
+    return (stmt.init is not None and len(stmt.reads) == 2 and len(stmt.writes) == 1
+            and reduction_update(stmt) is not None
+            and {str(r.source.dtype) for r in stmt.reads} <= set(NARROW_FLOATS))
+
+
 def prepare(func: tirx.PrimFunc):
     """Widen the accumulator, inline what can be inlined: ``(sch, form, epilogue or None)``."""
+    if not any(_may_match(b) for b in _blocks(func)):
+        return None  # match() needs such a block: no schedule is built for the others
     found = single_reduction(func)
     if found is None:
         return None
@@ -216,13 +233,35 @@ class BatchedGEMVRule(GPUScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         try:
-            prepared = prepare(func)
+            prepared = _prepared(func)
             if prepared is None or not self.accepts(prepared[1]):
                 return None
+            _LAST_PREPARED.clear()  # schedule() changes sch: the next rule prepares its own
             sch, form, epilogue = prepared
             return schedule(sch, form, epilogue, plan(form, target))
         except s_tir.ScheduleError:
             return None
+
+
+# (func, what prepare(func) returned or raised) of the last kernel prepared and not scheduled:
+# DLight tries the rules in order on the same PrimFunc object, and every rule of ours prepares
+# it the same way (prepare is a function of the kernel alone; accepts() only reads the form), so
+# the next rule reuses it instead of building, widening and inlining the same schedule again.
+_LAST_PREPARED = []
+
+
+def _prepared(func: tirx.PrimFunc):
+    """``prepare(func)``, shared by the rules tried one after the other on ``func``."""
+    if not (_LAST_PREPARED and _LAST_PREPARED[0].same_as(func)):
+        try:
+            outcome = prepare(func)
+        except s_tir.ScheduleError as err:
+            outcome = err
+        _LAST_PREPARED[:] = [func, outcome]
+    outcome = _LAST_PREPARED[1]
+    if isinstance(outcome, s_tir.ScheduleError):
+        raise outcome
+    return outcome
 
 
 def _spatial_loops(sch, block):
