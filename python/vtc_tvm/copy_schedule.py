@@ -120,16 +120,70 @@ def schedule_piecewise(func: tirx.PrimFunc, target) -> Optional[tirx.PrimFunc]:
     The kernel this is for: a grown KV cache whose new row is computed in the same kernel
     (``concat(past_k, rope(k))``, fused by ``FuseOps``). DLight's Fallback gives it one element
     per thread: 248 us for the 134 MB Llama-3-8B cache at batch 16 on the H200, where the
-    vectorised copy of the V cache beside it takes 61 us. The computed pieces are vectorised
-    where TVM's vectoriser can and gathered lane by lane where it cannot (still one vector store).
+    vectorised copy of the V cache beside it takes 61 us.
+
+    Each branch is first simplified under its condition (:func:`_branch_simplified`): TOPI's
+    concatenation clamps the index of a piece where it is not taken (``max(i - 64, 0)``), which
+    the vectoriser would gather lane by lane, and TVM's CUDA code generator cannot print an
+    8-lane gather.
 
     Limits: 1. static innermost extent; 2. every condition inside the value must be constant on
     each aligned vector (proven with ``tvm.sym.Analyzer``), else the vectoriser would scalarise
-    the whole vector; 3. data-parallel blocks only."""
+    the whole vector; 3. every load that moves along the innermost axis must be unit-stride and
+    aligned there (no gathers), and no conversion may move along it; 4. data-parallel blocks only."""
     blocks = _non_root_blocks(func)
-    if not blocks or _piecewise_lanes(blocks[-1]) == 1:
+    if target is None or "gpu" not in target.keys or not blocks or _piecewise_lanes(blocks[-1], loads_checked=False) == 1:
         return None  # (a cheap look at the output block before any schedule is made)
-    return _schedule_spatial(func, target, _piecewise_lanes, vector_only=True)
+    inlined = _inlined(func, blocks)
+    if inlined is None:
+        return None
+    return _schedule_spatial(_with_branch_facts(inlined), target, _piecewise_lanes, vector_only=True)
+
+
+def _inlined(func, blocks) -> Optional[tirx.PrimFunc]:
+    """``func`` with every block inlined into its last (None if one cannot be)."""
+    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    try:
+        for block in blocks[:-1]:
+            sch.compute_inline(sch.get_sblock(block.name_hint))
+    except RuntimeError:
+        return None
+    return sch.mod["main"]
+
+
+def _with_branch_facts(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` (one block) with its stored value's branches simplified under their conditions."""
+    block = _non_root_blocks(func)[-1]
+    ana = tvm.sym.Analyzer()
+    for iv in block.iter_vars:
+        ana.bind(iv.var, iv.dom)
+
+    def on_store(store):
+        if not store.buffer.same_as(block.body.buffer):
+            return store
+        return tirx.BufferStore(store.buffer, _branch_simplified(store.value, ana), store.indices)
+
+    return func.with_body(tvm_ffi.structural_map(func.body, (tirx.BufferStore, on_store)))
+
+
+def _branch_simplified(expr, ana):
+    """``expr`` with the indices of every load simplified under the conditions of the
+    ``if_then_else`` branches it is in."""
+    if _is_select(expr):
+        cond, then, other = expr.args
+        with ana.constraint_scope(cond):
+            then = _branch_simplified(then, ana)
+        with ana.constraint_scope(ana.simplify(tirx.Not(cond))):  # (a bare Not is not used as a fact)
+            other = _branch_simplified(other, ana)
+        return tirx.if_then_else(cond, then, other)
+
+    def on_load(load):
+        return tirx.BufferLoad(load.source, [ana.simplify(i) for i in load.indices])
+
+    def on_call(call):  # a nested select: its branches under its own condition too
+        return _branch_simplified(call, ana) if _is_select(call) else call
+
+    return tvm_ffi.structural_map(expr, [(tvm.ir.TensorLoad, on_load), (tvm.ir.Call, on_call)], order="pre")
 
 
 def _schedule_spatial(func, target, lanes_of, vector_only: bool) -> Optional[tirx.PrimFunc]:
@@ -192,11 +246,12 @@ def _is_select(e) -> bool:
     return isinstance(e, tvm.ir.Call) and e.op.name.endswith("if_then_else")
 
 
-def _piecewise_lanes(block) -> int:
+def _piecewise_lanes(block, loads_checked: bool = True) -> int:
     """The vector width of :func:`schedule_piecewise` for ``block`` (1: not such a kernel, or
     no width provably safe): the widest (at most 16 bytes) dividing the innermost extent for
-    which the output store and every plain-copy piece are unit-stride and aligned along the
-    innermost axis and every condition in the value is constant on each aligned vector."""
+    which the output store and every load moving along the innermost axis are unit-stride and
+    aligned there, and every condition in the value is constant on each aligned vector.
+    ``loads_checked=False``: only the plain-copy pieces are checked (the look before inlining)."""
     store = block.body
     if not isinstance(store, tirx.BufferStore) or not block.iter_vars or not _is_select(store.value):
         return 1
@@ -212,12 +267,18 @@ def _piecewise_lanes(block) -> int:
         node = node.args[2]
     if not copies:
         return 1
-    conds = []
-    tvm_ffi.structural_walk(store.value, [(tvm.ir.Call, lambda c: _is_select(c) and conds.append(c.args[0]))])
+    conds, loads, casts = [], [], []
+    tvm_ffi.structural_walk(store.value, [
+        (tvm.ir.Call, lambda c: _is_select(c) and conds.append(c.args[0])),
+        (tvm.ir.TensorLoad, loads.append),
+        (tirx.Cast, casts.append)])
+    if loads_checked and any(_uses(c, last) for c in casts):
+        return 1  # (a vector conversion TVM's CUDA code generator may not print)
+    moving = [a for a in (loads if loads_checked else copies) if any(_uses(i, last) for i in a.indices)]
     stored = tirx.BufferLoad(store.buffer, store.indices)
     lanes = VECTOR_BYTES // max(tvm.runtime.DataType(store.buffer.dtype).bits // 8, 1)
     while lanes > 1 and not (extent % lanes == 0
-                             and all(_unit_aligned(a.source.shape, a.indices, last, lanes) for a in copies + [stored])
+                             and all(_unit_aligned(a.source.shape, a.indices, last, lanes) for a in moving + [stored])
                              and all(_uniform(c, last, extent, lanes) for c in conds)):
         lanes //= 2
     return lanes
