@@ -8,7 +8,8 @@ import tempfile
 import numpy as np
 import pytest
 import tvm
-from tvm import relax
+import tvm_ffi
+from tvm import relax, tirx
 
 import vtc_tvm  # noqa: F401  (registers the pass)
 from vtc_tvm.analysis import is_data_movement
@@ -140,3 +141,24 @@ def matmul_transposed_weight(m=32, k=48, n=64, dtype="float32"):
             out = bb.emit_output(relax.op.matmul(x, bb.emit(relax.op.permute_dims(w))))
         bb.emit_func_output(out)
     return bb.get()
+
+
+def serial_threads(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """A GPU-scheduled kernel with its thread loops made serial, to run on llvm (same loop nest,
+    splits, vectorised loops and compute-at regions; not checked: the GPU memory scopes)."""
+    def on_for(loop):
+        if loop.kind == tirx.ForKind.THREAD_BINDING:
+            return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body, None,
+                            loop.annotations)
+        return loop
+
+    body = tvm_ffi.structural_map(func.body, (tirx.For, on_for), order="post")
+    return tirx.PrimFunc(func.params, body, ret_type=func.ret_type, attrs=func.attrs).with_attr("global_symbol", "k")
+
+
+def run_llvm(func, arrays):
+    """Run ``func`` on llvm over numpy ``arrays`` (the last is the output); return the output."""
+    lib = tvm.tirx.build(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target="llvm")
+    args = [tvm.runtime.tensor(a) for a in arrays]
+    lib["k"](*args)
+    return args[-1].numpy()

@@ -21,6 +21,7 @@ import vtc_tvm.schedules as S
 from vtc_tvm.rewrite import normalize_loops
 from vtc_tvm.pipeline import _backend, cuda_target, stock_vtc_schedules_pipeline, vtc_pipeline
 from vtc_tvm.schedules import batched_gemv
+from tests.conftest import run_llvm, serial_threads
 
 TARGET = cuda_target()
 SMALL = dict(gemm=S.LowBatchGEMM(min_weight=1, min_reduction=1), attn=S.DecodeAttention(min_context=8),
@@ -207,24 +208,6 @@ def test_match_classifies_axes():
 
 
 # -- semantics (llvm, thread loops serial) ------------------------------------------------------
-def _serial(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    def on_for(loop):
-        if loop.kind == tirx.ForKind.THREAD_BINDING:
-            return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body, None,
-                            loop.annotations)
-        return loop
-
-    body = tvm_ffi.structural_map(func.body, (tirx.For, on_for), order="post")
-    return tirx.PrimFunc(func.params, body, ret_type=func.ret_type, attrs=func.attrs).with_attr("global_symbol", "k")
-
-
-def _run_llvm(func, arrays):
-    lib = tvm.tirx.build(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target="llvm")
-    args = [tvm.runtime.tensor(a) for a in arrays]
-    lib["k"](*args)
-    return args[-1].numpy()
-
-
 def _inputs(func, rng):
     return [rng.uniform(-1, 1, [int(s) for s in p.shape]).astype(str(p.dtype)) for p in func.params]
 
@@ -245,8 +228,8 @@ def test_schedule_preserves_semantics(rule, make):
     scheduled = _schedule(SMALL[rule], func)
     widened = batched_gemv.prepare(func)[0].mod["main"]
     arrays = _inputs(func, np.random.default_rng(7))
-    want = _run_llvm(widened, [a.copy() for a in arrays]).astype(np.float64)
-    got = _run_llvm(_serial(scheduled), [a.copy() for a in arrays]).astype(np.float64)
+    want = run_llvm(widened, [a.copy() for a in arrays]).astype(np.float64)
+    got = run_llvm(serial_threads(scheduled), [a.copy() for a in arrays]).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=2 ** -10, atol=2 ** -10 * np.abs(want).max())
     assert np.abs(want).max() > 1  # not a vacuous comparison of zeros
 
@@ -268,8 +251,8 @@ def test_split_tilings_preserve_semantics(make, tiling):
     scheduled = batched_gemv.schedule(sch, form, epilogue, tiling).mod["main"]
     assert verify_well_formed(scheduled)
     arrays = _inputs(func, np.random.default_rng(11))
-    want = _run_llvm(batched_gemv.prepare(func)[0].mod["main"], [a.copy() for a in arrays]).astype(np.float64)
-    got = _run_llvm(_serial(scheduled), [a.copy() for a in arrays]).astype(np.float64)
+    want = run_llvm(batched_gemv.prepare(func)[0].mod["main"], [a.copy() for a in arrays]).astype(np.float64)
+    got = run_llvm(serial_threads(scheduled), [a.copy() for a in arrays]).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=2 ** -10, atol=2 ** -10 * np.abs(want).max())
 
 
@@ -311,8 +294,8 @@ def test_float32_accumulation_is_more_accurate():
     v = rng.uniform(-1, 1, (1, 2, 4096, 16)).astype("float16")
     ref = np.einsum("bhst,bhtd->bhsd", p.astype(np.float64), v.astype(np.float64)[:, [0, 0, 1, 1]])
     zeros = np.zeros((1, 4, 1, 16), "float16")
-    half = _run_llvm(func, [p, v, zeros.copy()])
-    wide = _run_llvm(_serial(_schedule(SMALL["attn"], func)), [p, v, zeros.copy()])
+    half = run_llvm(func, [p, v, zeros.copy()])
+    wide = run_llvm(serial_threads(_schedule(SMALL["attn"], func)), [p, v, zeros.copy()])
     err = lambda o: np.linalg.norm(o.astype(np.float64) - ref) / np.linalg.norm(ref)
     assert err(wide) < 1e-3 < err(half)
 

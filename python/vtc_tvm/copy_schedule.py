@@ -11,6 +11,11 @@ the piece conditions are evaluated once per vector.
 :func:`ScheduleCopies` applies it to the pure-copy kernels of a module before DLight runs (the
 ``"vtc"`` pipeline does this on GPU targets); anything it cannot prove is left to DLight.
 
+A kernel that copies most of its output but computes a piece of it (a grown KV cache whose new
+row is rotated in the same kernel: ``concat(past_k, rope(k))`` after ``FuseOps``) is no pure
+copy; :func:`schedule_piecewise` vectorises it where the same alignment is proven for every
+load that moves along the row.
+
 The store side's copies into a box of a larger destination (``COPY_INTO_ATTR``) and element-wise
 kernels that DLight's default rules fail on (its analysis asserted on the
 data-dependent store index of an in-place ``scatter_elements`` written with a select) get
@@ -292,7 +297,9 @@ def _uniform(cond, last, extent: int, lanes: int) -> bool:
     q, r = tirx.Var("q", str(last.ty)), tirx.Var("r", str(last.ty))
     ana.bind(q, tvm.ir.Range(0, extent // lanes))
     ana.bind(r, tvm.ir.Range(0, lanes))
-    return not _uses(ana.simplify(_substitute(cond, {last: q * lanes + r})), r)
+    split = _substitute(cond, {last: q * lanes + r})
+    # (the simplifier folds `q * lanes + r < c` to `q < c / lanes` but leaves `c <= q * lanes + r`)
+    return not _uses(ana.simplify(split), r) or not _uses(ana.simplify(tirx.Not(split)), r)
 
 
 def _unschedulable_by_dlight(func, target, schedules=None) -> bool:
