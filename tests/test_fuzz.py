@@ -42,4 +42,9 @@ def test_fuzz_regression(path, strategy):
     spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    known = getattr(module, "KNOWN_FAILURE", None)  # a wrong answer found and not fixed yet
+    if known:
+        with pytest.raises(Exception):  # strict: once it passes, this fails and the mark must go
+            check_regression(module, strategy)
+        pytest.xfail(known)
     check_regression(module, strategy)
