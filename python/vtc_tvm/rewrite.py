@@ -392,7 +392,8 @@ def _dlight_outcome(func: tirx.PrimFunc, target, schedules=None):
     found = _OUTCOMES.get(key)
     if found is None:
         try:
-            rule, sch = _dlight_schedule(func, target)
+            # Rules _dlight_rule_below already saw return None on this structure are not rerun.
+            rule, sch = _dlight_schedule(func, target, _NONE_BELOW.get(key, 0))
             found = (rule, _serial_half_terms(func, rule, sch))
             if schedules is not None:
                 schedules.append(sch)
@@ -453,11 +454,12 @@ def _remember(key, outcome):
         _OUTCOMES.popitem(last=False)
 
 
-def _dlight_schedule(func: tirx.PrimFunc, target):
+def _dlight_schedule(func: tirx.PrimFunc, target, start: int = 0):
     """``(rule index, schedule)`` of the first default DLight rule that schedules ``func``
-    (rules known to return None on it are not run)."""
+    (rules known to return None on it are not run: those before ``start``, which the caller
+    saw return None, and those :func:`_first_rule_to_try` skips)."""
     rules = _dlight_rules()
-    for i in range(_first_rule_to_try(func, rules), len(rules)):
+    for i in range(max(start, _first_rule_to_try(func, rules)), len(rules)):
         sch = rules[i].apply(func, target, False)
         if sch is not None:
             return i, sch
