@@ -582,7 +582,7 @@ def normalize_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
     space, but one DLight and MetaSchedule can tile (the floordiv form crashed DLight's
     cross-thread reduction lowering on the H200).
     """
-    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    sch = None  # built for the first block to transform: most kernels have none (no reduction)
     changed = False
     for block in _blocks_of(func.body):
         # Only reductions: DLight's GEMV/Matmul/Reduction rules analyse their iteration space,
@@ -597,6 +597,8 @@ def normalize_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
             continue
         # transform_block_layout takes the map old axes -> new axes.
         index_map = tirx.IndexMap([iv.var for iv in block.iter_vars], split, None)
+        if sch is None:
+            sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
         try:
             sch.transform_block_layout(sch.get_sblock(block.name_hint), index_map)
             changed = True
