@@ -344,10 +344,15 @@ def _aligned_run(offs: np.ndarray, start: int = 0, extra=()) -> int:
     """Largest r (a divisor of len, or one of ``extra``) such that every block of r offsets
     aligned to a multiple of r (counting from flat position ``start``) is consecutive."""
     n = len(offs)
+    if n < 2:
+        return 1
     step_ok = (np.diff(offs) == 1) & (offs[1:] >= 0)  # element i + 1 continues element i
-    pos = np.arange(start + 1, start + n, dtype=np.int64)
-    candidates = {d for d in range(2, n + 1) if n % d == 0} | {r for r in extra if 1 < r <= n}
-    for r in sorted(candidates, reverse=True):
-        if step_ok[pos % r != 0].all():
-            return r
-    return 1
+    # Blocks of r are consecutive iff every break (a position whose element does not continue
+    # the previous one) starts a block, i.e. r divides every break position, i.e. r divides
+    # their gcd g: the largest divisor of n that does is gcd(n, g). (One pass over the sample,
+    # instead of one per divisor of n.)
+    breaks = np.arange(start + 1, start + n, dtype=np.int64)[~step_ok]
+    if not len(breaks):
+        return n
+    g = int(np.gcd.reduce(breaks))
+    return max([r for r in extra if 1 < r <= n and g % r == 0] + [max(math.gcd(n, g), 1)])

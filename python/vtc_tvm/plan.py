@@ -38,7 +38,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from . import memory, solver
 from .analysis import INJECTIVE, OPAQUE, OUT_EWISE_FUSABLE, op_pattern
-from .candidates import (Edge, Graph, Node, Walker, cached_contiguity, cached_rewrite, mapping_key,
+from .candidates import (Edge, Graph, Node, Walker, cached_contiguity, cached_op_pattern, cached_rewrite, copy_kernel,
                          materialise_directly, fuses_into_copy, shaped, store_edges, VIEW_OPS, _op_name)
 from .mapping import VirtualTensor
 from .cost import EdgeCost, copy_saving, edge_cost
@@ -195,7 +195,7 @@ class Collector(Walker):
                 rewritten = got
                 after = int(got.attrs["op_pattern"]) if got.attrs and "op_pattern" in got.attrs else pattern
                 if self.profiler is not None and self.profiler.covers(func):
-                    measured = self.profiler.compare(func, vt.mapping.to_prim_func("vtc_copy"), got)
+                    measured = self.profiler.compare(func, copy_kernel(vt.mapping), got)
                     if measured is not None:
                         verdict = Decision(measured[0], f"{verdict.reason}; {measured[1]}")
                     elif self.profiler.unmeasured is not None:
@@ -911,14 +911,9 @@ def _bytes(var) -> int:
     return sum(n for n, _ in sizes) if sizes else 0
 
 
-_COPY_PATTERNS: Dict[int, int] = {}
-
-
 def _copy_pattern(mapping) -> int:
-    key = mapping_key(mapping)
-    if key not in _COPY_PATTERNS:
-        _COPY_PATTERNS[key] = op_pattern(mapping.to_prim_func("vtc_copy"))
-    return _COPY_PATTERNS[key]
+    # once per structure, in the caches candidates.clear_caches() forgets
+    return cached_op_pattern(copy_kernel(mapping))
 
 
 def _records(collector: Collector, entry, choice: Dict[tuple, Decision], stayed: set,

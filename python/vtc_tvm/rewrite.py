@@ -392,7 +392,8 @@ def _dlight_outcome(func: tirx.PrimFunc, target, schedules=None):
     found = _OUTCOMES.get(key)
     if found is None:
         try:
-            rule, sch = _dlight_schedule(func, target)
+            # Rules _dlight_rule_below already saw return None on this structure are not rerun.
+            rule, sch = _dlight_schedule(func, target, _NONE_BELOW.get(key, 0))
             found = (rule, _serial_half_terms(func, rule, sch))
             if schedules is not None:
                 schedules.append(sch)
@@ -453,11 +454,12 @@ def _remember(key, outcome):
         _OUTCOMES.popitem(last=False)
 
 
-def _dlight_schedule(func: tirx.PrimFunc, target):
+def _dlight_schedule(func: tirx.PrimFunc, target, start: int = 0):
     """``(rule index, schedule)`` of the first default DLight rule that schedules ``func``
-    (rules known to return None on it are not run)."""
+    (rules known to return None on it are not run: those before ``start``, which the caller
+    saw return None, and those :func:`_first_rule_to_try` skips)."""
     rules = _dlight_rules()
-    for i in range(_first_rule_to_try(func, rules), len(rules)):
+    for i in range(max(start, _first_rule_to_try(func, rules)), len(rules)):
         sch = rules[i].apply(func, target, False)
         if sch is not None:
             return i, sch
@@ -580,7 +582,7 @@ def normalize_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
     space, but one DLight and MetaSchedule can tile (the floordiv form crashed DLight's
     cross-thread reduction lowering on the H200).
     """
-    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    sch = None  # built for the first block to transform: most kernels have none (no reduction)
     changed = False
     for block in _blocks_of(func.body):
         # Only reductions: DLight's GEMV/Matmul/Reduction rules analyse their iteration space,
@@ -595,6 +597,8 @@ def normalize_loops(func: tirx.PrimFunc) -> tirx.PrimFunc:
             continue
         # transform_block_layout takes the map old axes -> new axes.
         index_map = tirx.IndexMap([iv.var for iv in block.iter_vars], split, None)
+        if sch is None:
+            sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
         try:
             sch.transform_block_layout(sch.get_sblock(block.name_hint), index_map)
             changed = True
