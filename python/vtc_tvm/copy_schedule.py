@@ -139,14 +139,18 @@ def schedule_piecewise(func: tirx.PrimFunc, target) -> Optional[tirx.PrimFunc]:
     blocks = _non_root_blocks(func)
     if target is None or "gpu" not in target.keys or not blocks or _piecewise_lanes(blocks[-1], loads_checked=False) == 1:
         return None  # (a cheap look at the output block before any schedule is made)
-    inlined = _inlined(func, blocks)
+    inlined = inline_into_last(func)
     if inlined is None:
         return None
     return _schedule_spatial(_with_branch_facts(inlined), target, _piecewise_lanes, vector_only=True)
 
 
-def _inlined(func, blocks) -> Optional[tirx.PrimFunc]:
-    """``func`` with every block inlined into its last (None if one cannot be)."""
+def inline_into_last(func: tirx.PrimFunc) -> Optional[tirx.PrimFunc]:
+    """``func`` with every block before the last inlined into it (a fused chain becomes one
+    block that reads through all of it), or None if one cannot be."""
+    blocks = _non_root_blocks(func)
+    if len(blocks) <= 1:
+        return func
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
     try:
         for block in blocks[:-1]:

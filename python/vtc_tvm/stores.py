@@ -59,7 +59,7 @@ from tvm.ir import Op, TensorLoad
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from .analysis import _non_root_blocks, call_tir_kernel, index_copy_mappings
-from .copy_schedule import COPY_INTO_ATTR
+from .copy_schedule import COPY_INTO_ATTR, inline_into_last
 from .inverse import NotOneToOne, StoreRegion, piece_box, store_maps
 from .mapping import Mapping, Piece, _substitute, is_static, row_major_strides
 from .rewrite import NotRewritable, best_schedulable, redirect_output, redirect_output_parts
@@ -144,7 +144,7 @@ def indexed_copy(func: tirx.PrimFunc):
     params = list(func.params)
     if len(params) < 2 or not all(tirx.is_buffer_var(p) for p in params):
         return None
-    func = _inline_into_last(func)
+    func = inline_into_last(func)
     blocks = _non_root_blocks(func) if func is not None else []
     if len(blocks) != 1:
         return None
@@ -197,21 +197,6 @@ def is_view(mapping: Mapping) -> bool:
 
 def _substitute_all(exprs, index_vars, values) -> list:
     return [_substitute(e, dict(zip(index_vars, values))) for e in exprs]
-
-
-def _inline_into_last(func: tirx.PrimFunc) -> Optional[tirx.PrimFunc]:
-    """``func`` with every block before the last inlined (a copy FuseOps fused into an update
-    becomes the update's load), or None if one cannot be."""
-    blocks = _non_root_blocks(func)
-    if len(blocks) <= 1:
-        return func
-    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
-    try:
-        for block in blocks[:-1]:
-            sch.compute_inline(sch.get_sblock(block.name_hint))
-    except RuntimeError:
-        return None
-    return sch.mod["main"]
 
 
 def _uses(func) -> Counter:
