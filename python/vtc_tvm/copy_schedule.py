@@ -137,12 +137,9 @@ def schedule_piecewise(func: tirx.PrimFunc, target) -> Optional[tirx.PrimFunc]:
     the whole vector; 3. every load that moves along the innermost axis must be unit-stride and
     aligned there (no gathers), and no conversion may move along it; 4. data-parallel blocks only."""
     blocks = _non_root_blocks(func)
-    if target is None or "gpu" not in target.keys or not blocks or _piecewise_lanes(blocks[-1], loads_checked=False) == 1:
+    if not blocks or _piecewise_lanes(blocks[-1], loads_checked=False) == 1:
         return None  # (a cheap look at the output block before any schedule is made)
-    inlined = inline_into_last(func)
-    if inlined is None:
-        return None
-    return _schedule_spatial(_with_branch_facts(inlined), target, _piecewise_lanes, vector_only=True)
+    return _schedule_spatial(func, target, _piecewise_lanes, vector_only=True, prepare=_with_branch_facts)
 
 
 def inline_into_last(func: tirx.PrimFunc) -> Optional[tirx.PrimFunc]:
@@ -195,25 +192,29 @@ def _branch_simplified(expr, ana):
     return tvm_ffi.structural_map(expr, [(tvm.ir.TensorLoad, on_load), (tvm.ir.Call, on_call)], order="pre")
 
 
-def _schedule_spatial(func, target, lanes_of, vector_only: bool) -> Optional[tirx.PrimFunc]:
-    """Inline ``func``'s blocks into its last, vectorise the innermost axis by
-    ``lanes_of(block)`` and bind the rest to ``THREADS``-thread blocks (None when ``func`` is
-    not one data-parallel chain on a GPU target, or, with ``vector_only``, when no vector fits)."""
+def _schedule_spatial(func, target, lanes_of, vector_only: bool, prepare=None) -> Optional[tirx.PrimFunc]:
+    """Inline ``func``'s blocks into its last (:func:`inline_into_last`, then ``prepare`` if
+    given), vectorise the innermost axis by ``lanes_of(block)`` and bind the rest to
+    ``THREADS``-thread blocks (None when ``func`` is not one data-parallel chain on a GPU
+    target, or, with ``vector_only``, when no vector fits)."""
     if target is None or "gpu" not in target.keys:
         return None
     blocks = _non_root_blocks(func)
     if not blocks or any(iv.iter_type != 0 for b in blocks for iv in b.iter_vars) \
             or any(b.init is not None for b in blocks):
         return None
+    func = inline_into_last(func)
+    if func is None:
+        return None
+    if prepare is not None:
+        func = prepare(func)
     sch = tvm.s_tir.Schedule(tvm.IRModule({"main": func}))
+    out = sch.get_sblock(blocks[-1].name_hint)
+    lanes = lanes_of(sch.get(out))
+    if vector_only and lanes == 1:
+        return None
     try:
-        for block in blocks[:-1]:
-            sch.compute_inline(sch.get_sblock(block.name_hint))
-        block = sch.get(sch.get_sblock(blocks[-1].name_hint))
-        lanes = lanes_of(block)
-        if vector_only and lanes == 1:
-            return None
-        loops = sch.get_loops(sch.get_sblock(blocks[-1].name_hint))
+        loops = sch.get_loops(out)
         if lanes > 1:
             outer, vec = sch.split(loops[-1], [None, lanes])
             loops = list(loops[:-1]) + [outer]
