@@ -13,7 +13,6 @@ INPUTS = [  # name, shape, dtype, index range [low, high) per last-axis slot
     ('x1', (3, 2), 'float32', None, None),
 ]
 DATA_SEED = 0
-KNOWN_FAILURE = ("NOT FIXED (graph fuzz seed 912, session 8): softmax over axis -2 read by two strided slices that are both outputs gives a wrong answer with both strategies on LLVM; root cause not found")
 
 
 def build():
