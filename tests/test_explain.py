@@ -71,21 +71,33 @@ def test_onnx_names_keep_the_module(path):
     assert all(n in onnx_names for n in bound if n != "gv"), [n for n in bound if n not in onnx_names]
 
 
-def test_adapter_from_decision_rows(tmp_path):
-    """Today's rows (with a repeat) become the plan dict; nodes carry ONNX node names."""
+def test_plan_of_the_compile(tmp_path):
+    """The report renders the plan the compile emitted (``vtc_tvm.plan`` then ``vtc_tvm.emit``:
+    the same module as the pass); tensors carry their op-made names, ONNX nodes and the
+    planner's costs, load edges run to their consumer through the composed mapping."""
+    import tvm_ffi as ffi
+
     import vtc_tvm
     from vtc_tvm.report import kernel_census
 
     path = os.path.join(ROOT, "benchmarks", "onnx", "shufflenet_unit_small.onnx")
     mod, rows = load_onnx(path), []
-    vtc = vtc_tvm.VirtualTensorize(target="llvm", report=rows)(mod)
+    chosen = vtc_tvm.plan(mod, "llvm", memory_guard=True)
+    vtc = vtc_tvm.emit(mod, chosen)
+    assert ffi.structural_equal(vtc, vtc_tvm.VirtualTensorize(target="llvm", memory_guard=True, report=rows)(mod))
+    assert rows == chosen.rows
     census = {"stock": kernel_census(mod, "llvm"), "vtc": kernel_census(vtc, "llvm", stores=True)}
-    plan = explain.plan_of(mod, vtc, "llvm", rows + rows, census, path)
-    assert len(plan["edges"]) == len({(r["tensor"], r["consumer"], r["reason"]) for r in rows})
-    split_1 = next(n for n in plan["nodes"] if n["id"] == "split_1")
-    assert split_1["onnx_node"] == "node_split_0" and split_1["virtual"]
-    assert split_1["mapping"] == "(i, j, k, l) -> x[i, j + 8, k, l]"
+    plan = explain.plan_of(mod, chosen, vtc, census, path)
+    nodes = {n["id"]: n for n in plan["nodes"]}
+    split_1 = next(n for n in plan["nodes"] if n["tensor"] == "split_1")
+    assert split_1["name"].startswith("split[1]#") and split_1["onnx_node"] == "node_split_0" and split_1["virtual"]
+    reads = [e for e in plan["edges"] if e["src"] == split_1["id"] and e["kind"] == "load"]
+    assert reads and all(e["chosen"] and e["gain_us"] is not None for e in reads)
+    assert all(nodes[e["dst"]]["id"] != split_1["id"] and nodes[e["view_of"]]["tensor"] == "x" for e in reads), reads
+    assert split_1["mapping"] == "(i, j, k, l) -> x[i, j + 8, k, l]", split_1["mapping"]
+    assert split_1["id"] in sum((n["sources"] for n in plan["nodes"]), [])
+    assert plan["summary"]["virtual"] == sum(n["virtual"] for n in plan["nodes"]) > 0
     physical = [n for n in plan["nodes"] if explain._is_movement(n) and not n["virtual"]]
-    assert physical and all(n["reason"] for n in physical)
+    assert all(n["reason"] for n in physical)
     out = explain.write_report(plan, str(tmp_path / "r.html"), "unit")
     assert os.path.getsize(out["html"]) > 1000

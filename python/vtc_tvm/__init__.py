@@ -22,7 +22,7 @@ def _autoload():
 
 from .mapping import Mapping, Piece, VirtualTensor
 from .rules import register_rule, get_rule, registered_ops
-from .transform import VirtualTensorize
+from .transform import VirtualTensorize, emit
 from .plan import Plan, plan
 from . import pipeline as _pipeline
 
@@ -33,6 +33,7 @@ __all__ = [
     "Piece",
     "VirtualTensor",
     "VirtualTensorize",
+    "emit",
     "Plan",
     "plan",
     "register_rule",

@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 import tvm
 import tvm_ffi
@@ -319,6 +319,8 @@ class Graph:
     split_of: Dict[int, int] = field(default_factory=dict)
     decisions: List[dict] = field(default_factory=list)  # rows for edges decided without the plan
     _ops: Dict[str, int] = field(default_factory=dict)
+    # var -> the value bound to it (set by the walk): names a part of a tuple by the op that made it
+    value_of: Optional[Callable] = None
 
     def node(self, var, value=None, position=0) -> Node:
         if var in self.by_var:
@@ -326,6 +328,10 @@ class Graph:
         op = _op_name(value) or (value.args[0].name_hint if isinstance(value, relax.Call)
                                  and value.op.same_as(CALL_TIR) else "param" if value is None else type(value).__name__)
         short = op.split(".")[-1]
+        if isinstance(value, relax.TupleGetItem) and self.value_of is not None:
+            made_by = _op_name(self.value_of(value.tuple_value))  # a part of a split: "split[1]"
+            if made_by:
+                short = f"{made_by.split('.')[-1]}[{value.index}]"
         k = self._ops.get(short, 0)
         self._ops[short] = k + 1
         ty = var.ty

@@ -229,6 +229,7 @@ class Session:
         self.shapes, self.dims = parse_shapes(args.shape), parse_dims(args.dim)
         self.target = resolve_target(args.target, console)
         self.decisions: list = []
+        self.chosen = None  # the vtc_tvm.plan.Plan, once planned
         self._vtc = None
 
     def load(self):
@@ -252,18 +253,19 @@ class Session:
         return self.mod
 
     def plan(self):
-        """``main`` after VirtualTensorize (memory guard on, as in the ``"vtc"`` pipeline)."""
-        from . import VirtualTensorize
+        """``main`` after VirtualTensorize (memory guard on, as in the ``"vtc"`` pipeline): the
+        plan (kept in ``self.chosen``) and its emission, as the pass makes them."""
+        from . import emit, plan
 
         if self._vtc is None:
             what = "planning (VirtualTensorize" + (", profiling edges on the device)" if self.args.profile else ")")
             if self.args.profile:
                 device_for(self.target, "--profile")
             with self.console.phase(what):
-                vtc_pass = VirtualTensorize(self.args.strategy, ops=self.ops, report=self.decisions,
-                                            target=self.target, inplace=self.inplace,
-                                            profile=self.args.profile, memory_guard=True)
-                self._vtc = vtc_pass(self.mod)
+                self.chosen = plan(self.mod, self.target, self.args.strategy, ops=self.ops, inplace=self.inplace,
+                                   profile=self.args.profile, memory_guard=True)
+                self.decisions.extend(self.chosen.rows)
+                self._vtc = emit(self.mod, self.chosen)
         return self._vtc
 
     def build(self, variant: str):
@@ -504,7 +506,7 @@ def cmd_explain(args, console: Console, out: dict) -> ExitCode:
         with console.phase("timing stock and vtc"):
             for v, ex in executables.items():
                 census[v]["latency_ms"] = time_vm(ex, dev, inputs, args.repeat)
-    plan = explain.plan_of(s.mod, s.plan(), s.target, s.decisions, census, args.model)
+    plan = explain.plan_of(s.mod, s.chosen, s.plan(), census, args.model)
     html_path = args.out or os.path.splitext(os.path.basename(args.model))[0] + ".vtc.html"
     with console.phase(f"rendering {html_path}"):
         written = explain.write_report(plan, html_path, title=os.path.basename(args.model))

@@ -1,30 +1,30 @@
 """``vtc-tvm explain``: a report a person reads about what VirtualTensorize did to a model.
 
-The report is rendered from a *plan dict*, the shape of ``vtc_tvm.plan(mod, target).to_json()``::
+The report is rendered from a *plan dict*: :func:`plan_of` makes it from the plan the compile
+emitted (``vtc_tvm.plan`` then ``vtc_tvm.emit``, so nothing is planned twice)::
 
-    {"nodes": [{"id", "name", "op", "onnx_node", "shape", "dtype", "bytes", "virtual", "reason",
-                "sources"?}],
-     "edges": [{"id", "src", "dst", "kind": "load"|"store", "consumer", "mapping", "gain_us",
-                "kernels", "memory", "chosen", "reason"}],
+    {"nodes": [{"id", "name", "tensor", "op", "onnx_node", "shape", "dtype", "bytes", "virtual",
+                "reason", "sources", "mapping"?}],
+     "edges": [{"id", "src", "dst", "view_of"?, "kind": "load"|"store", "consumer", "mapping",
+                "gain_us", "kernels", "memory", "chosen", "reason"}],
      "conflicts": [[edge ids]], "summary": {...}}
 
-(``sources``, the tensors a virtual tensor points to, is optional). Where ``vtc_tvm.plan`` is
-absent, :func:`plan_from_decisions` builds that dict from the pass's ``report=`` rows.
+Tensors are named by the op that made them (``permute_dims#3``), with their ONNX node; a load
+edge runs from the tensor to the consumer that reads it through its composed mapping, with the
+cost the planner predicted (or measured) for it.
 
 Output: a self-contained HTML page (inline SVG, no script, no external file) and a PNG of it
 (headless Chromium when installed, else Graphviz ``dot`` for the graph alone, else none, with a
 note). The graph is laid out by ``dot`` when installed, otherwise by :func:`layered_layout`.
 
-Limits: 1. the adapter knows only the pass's rows: no per-edge gain, kernels or memory (those
-columns say "-"), and a row's consumer is matched to the bindings by op name, so two consumers
-of one tensor with the same op share their rows. 2. mappings are those of each movement op
-over its direct inputs (the pass composes chains; the composed map is in the kernel's
-``vtc.virtual_inputs`` attribute). 3. the page shows ``main`` only.
+Limits: 1. the drawing shows every Relax function's tensors in one graph. 2. store edges carry
+no mapping in words (their slice offsets are in the reason).
 """
 
 from __future__ import annotations
 
 import html
+import json
 import os
 import re
 import shutil
@@ -32,29 +32,68 @@ import subprocess
 import tempfile
 from typing import Optional
 
-import tvm
 from tvm import relax
-from tvm.ir import Op
-
-_CALL_TIR = Op.get("relax.call_tir")
 
 
 # -- the plan dict ---------------------------------------------------------------------------------
-def plan_of(mod, vtc_mod, target, decisions, census, model_path: Optional[str] = None) -> dict:
-    """The plan dict for ``mod``, built from the pass's ``decisions`` rows, with ``summary``
-    holding the kernel census (and latency) of stock and vtc.
-
-    (The planner's own ``vtc_tvm.plan(mod, target).to_json()`` has the same keys but names
-    tensors by op, not by ONNX node, and carries no per-node mapping yet: the report keeps the
-    decision rows until it does.)"""
-    plan = plan_from_decisions(mod, vtc_mod, decisions, _onnx_names(model_path))
+def plan_of(mod, chosen, emitted, census, model_path: Optional[str] = None) -> dict:
+    """The plan dict of ``chosen`` (the :class:`vtc_tvm.plan.Plan` the compile emitted for
+    ``mod``): ``chosen.to_json()`` with ids made strings (``t3``, ``e5``), each tensor's
+    variable, ONNX node and the tensors it reads (``sources``, for the drawing), each load
+    edge drawn to its consumer (``view_of``: the tensor it reads in its place) with its
+    composed mapping in words, and ``summary`` holding the kernel census (and latency) of
+    stock and vtc. A movement tensor is virtual when ``emitted`` (``vtc_tvm.emit(mod, chosen)``)
+    no longer computes it: that covers one composed into its readers' mappings (a split part
+    read only by a concat that became virtual), which has no edge of its own. Only tensors
+    the plan is about are kept: movement tensors, what their edges join and what they read."""
+    plan = json.loads(chosen.to_json())
+    graph, onnx_names = chosen.graph, _onnx_names(model_path)
+    tid = lambda i: f"t{i}"  # noqa: E731
+    bindings = {b.var: b for f in mod.functions.values() if isinstance(f, relax.Function)
+                for block in f.body.blocks for b in block.bindings}
+    for n, row in zip(graph.nodes, plan["nodes"]):
+        var = n.var.name if isinstance(n.var, relax.Var) else None
+        onnx_node, onnx_op, _ = onnx_names.get(var, (None, None, None))
+        b = bindings.get(n.var)
+        reads = _tensor_args(b.value, bindings) if b is not None else []
+        row.update(id=tid(n.id), tensor=var, op=n.op.split("relax.", 1)[-1], movement=n.movement, onnx_node=onnx_node or row.get("onnx_node"), onnx_op=onnx_op,
+                   sources=list(dict.fromkeys(tid(graph.by_var[a].id) for a in reads if a in graph.by_var)))
+    still = {b.var.name for f in emitted.functions.values() if isinstance(f, relax.Function)
+             for block in f.body.blocks for b in block.bindings}
+    for n, row in zip(graph.nodes, plan["nodes"]):
+        if n.movement and not row["virtual"] and row["tensor"] is not None and row["tensor"] not in still:
+            row.update(virtual=True, reason="composed into the mappings of its readers: no kernel, no memory")
+    nodes = {row["id"]: row for row in plan["nodes"]}
+    for e, row in zip(graph.edges, plan["edges"]):
+        row.update(id=f"e{e.id}", src=tid(e.src), dst=tid(e.dst))
+        if e.kind == "load":
+            labels = [_source_label(x, graph, onnx_names) for x in getattr(e, "source_exprs", ())]
+            row.update(view_of=tid(e.dst), dst=tid(e.consumer) if e.consumer is not None else None,
+                       mapping=format_mapping(e.mapping, labels) if e.mapping is not None and labels else row["mapping"])
+            src = nodes.get(row["src"])
+            if src is not None and row["mapping"] and not src.get("mapping"):
+                src["mapping"] = row["mapping"]
+    keep = {row["id"] for row in plan["nodes"] if row["movement"]}
+    keep |= {n for row in plan["nodes"] if row["movement"] for n in row["sources"]}
+    keep |= {row[k] for row in plan["edges"] for k in ("src", "dst", "view_of") if row.get(k)}
+    plan["nodes"] = [dict(row, sources=[x for x in row["sources"] if x in keep])
+                     for row in plan["nodes"] if row["id"] in keep]
+    plan["conflicts"] = [[f"e{i}" for i in c] for c in plan.get("conflicts") or []]
     summary = dict(plan.get("summary") or {})
     for key in ("kernels", "data_movement", "planned_bytes", "latency_ms"):
         summary[key] = {v: census[v].get(key) for v in ("stock", "vtc")}
-    summary.setdefault("tensors", sum(1 for n in plan["nodes"] if _is_movement(n)))
-    summary.setdefault("virtual", sum(1 for n in plan["nodes"] if n.get("virtual")))
+    summary["tensors"] = sum(1 for n in graph.nodes if n.movement)
+    summary["virtual"] = sum(1 for row in plan["nodes"] if row.get("virtual"))
     plan["summary"] = summary
     return plan
+
+
+def _source_label(expr, graph, onnx_names) -> str:
+    """A mapping source in words: its ONNX tensor name, else the plan's name of it."""
+    if isinstance(expr, relax.Var) and expr.name in onnx_names:
+        return expr.name
+    node = graph.by_var.get(expr) if isinstance(expr, relax.Var) else None
+    return node.name if node is not None else _label(expr)
 
 
 def _onnx_names(model_path) -> dict:
@@ -74,97 +113,10 @@ def _is_movement(node) -> bool:
     """Whether a plan node is a data-movement tensor (one the plan could make virtual)."""
     from .rules import registered_ops
 
+    if "movement" in node:
+        return bool(node["movement"])
     op, ops = str(node.get("op")), registered_ops()
     return bool(node.get("mapping")) or op in ops or f"relax.{op}" in ops
-
-
-def plan_from_decisions(mod, vtc_mod, decisions, onnx_names: dict) -> dict:
-    """ADAPTER (delete when ``vtc_tvm.plan`` lands): the plan dict of today's decision rows.
-
-    Nodes: every data-movement binding of ``main`` (a registered rule's op, or a part of one),
-    its inputs and its consumers; each node's ``sources`` are its inputs among them. Edges: one
-    ``load`` edge per (tensor, consumer) decision row (duplicates dropped). A movement tensor
-    is virtual when the rewritten ``main`` no longer computes it.
-    """
-    from .rules import get_rule
-
-    func = mod["main"]
-    bindings = {b.var.name: b for block in func.body.blocks for b in block.bindings}
-    by_var = {b.var: b for b in bindings.values()}
-    still = {b.var.name for block in vtc_mod["main"].body.blocks for b in block.bindings}
-    outputs = _output_names(func)
-    rows = unique_decisions(decisions)
-
-    nodes: dict = {}
-
-    def node(var) -> str:
-        name = var.name if isinstance(var, relax.Var) else "const"
-        if name not in nodes:
-            b = bindings.get(name)
-            op = _op_name(b.value, mod) if b is not None else ("input" if isinstance(var, relax.Var) else "const")
-            onnx_node, onnx_op, _ = onnx_names.get(name, (None, None, None))
-            shape, dtype, nbytes = _type_info(var)
-            nodes[name] = {"id": name, "name": name, "op": op, "onnx_node": onnx_node or None, "onnx_op": onnx_op,
-                           "shape": shape, "dtype": dtype, "bytes": nbytes, "virtual": False, "reason": "",
-                           "sources": []}
-        return name
-
-    movement = [b for b in bindings.values() if _is_movement_binding(b, by_var)]
-    for b in movement:
-        t = node(b.var)
-        nodes[t]["sources"] = [node(a) for a in _tensor_args(b.value, by_var) if isinstance(a, relax.Var)]
-        nodes[t]["mapping"] = _mapping_text(b.value, by_var, get_rule)
-        for c in bindings.values():
-            if _reads(c.value, b.var, by_var):
-                d = node(c.var)
-                nodes[d]["sources"] = list(dict.fromkeys(nodes[d]["sources"] + [t]))
-    edges = []
-    for row in rows:
-        b = bindings.get(row["tensor"])
-        if b is None or b.var.name not in nodes:  # e.g. a parameter updated in place
-            continue
-        consumers = [c for c in bindings.values() if _reads(c.value, b.var, by_var)
-                     and _matches(c.value, row["consumer"])] or [None]
-        for c in consumers:
-            edges.append({"id": f"e{len(edges)}", "src": b.var.name, "dst": c.var.name if c is not None else None,
-                          "kind": "load", "consumer": row["consumer"], "mapping": nodes[b.var.name]["mapping"],
-                          "gain_us": None, "kernels": None, "memory": None, "chosen": row["virtual"],
-                          "reason": row["reason"]})
-    for b in movement:
-        n = nodes[b.var.name]
-        n["virtual"] = n["id"] not in still
-        rejected = [e["reason"] for e in edges if e["src"] == n["id"] and not e["chosen"]]
-        if n["virtual"]:
-            n["reason"] = "every consumer reads its sources through the mapping: no kernel, no memory"
-        elif n["id"] in outputs:
-            n["reason"] = "a function output: materialised once" + (f"; {rejected[0]}" if rejected else "")
-        elif rejected:
-            n["reason"] = "; ".join(dict.fromkeys(rejected))
-        elif _is_view(b):
-            n["reason"] = "a reshape-like op of a physical tensor: stock TVM makes it a free view"
-        else:
-            readers = [f"{c['name']} ({c['op']})" for c in nodes.values() if n["id"] in c["sources"]]
-            n["reason"] = (f"read as it is by {', '.join(readers) or 'a consumer'} (no decision logged): "
-                           "materialised once, directly from its physical sources")
-    return {"nodes": list(nodes.values()), "edges": edges, "conflicts": [], "summary": {}}
-
-
-_VIEWS = {"relax.reshape", "relax.flatten", "relax.squeeze", "relax.expand_dims"}
-
-
-def _is_view(binding) -> bool:
-    v = binding.value
-    return isinstance(v, relax.Call) and isinstance(v.op, Op) and v.op.name in _VIEWS
-
-
-def _is_movement_binding(binding, by_var) -> bool:
-    from .rules import get_rule
-
-    v = binding.value
-    if isinstance(v, relax.TupleGetItem):
-        inner = by_var.get(v.tuple_value)
-        return inner is not None and _is_movement_binding(inner, by_var)
-    return isinstance(v, relax.Call) and isinstance(v.op, Op) and get_rule(v.op.name) is not None
 
 
 def unique_decisions(decisions) -> list:
@@ -178,43 +130,6 @@ def unique_decisions(decisions) -> list:
             seen.add(key)
             rows.append(row)
     return rows
-
-
-def _output_names(func) -> set:
-    body = func.body.body
-    fields = body.fields if isinstance(body, relax.Tuple) else [body]
-    names = {f.name for f in fields if isinstance(f, relax.Var)}
-    for block in func.body.blocks:  # the dataflow output var is bound to the real result
-        for b in block.bindings:
-            if b.var.name in names and isinstance(b.value, relax.Var):
-                names.add(b.value.name)
-            if b.var.name in names and isinstance(b.value, relax.Tuple):
-                names |= {f.name for f in b.value.fields if isinstance(f, relax.Var)}
-    return names
-
-
-def _op_name(value, mod) -> str:
-    if isinstance(value, relax.Call) and isinstance(value.op, Op):
-        if value.op.same_as(_CALL_TIR):
-            return f"call_tir {value.args[0].name_hint}"
-        return value.op.name.split(".", 1)[-1]
-    if isinstance(value, relax.TupleGetItem):
-        return f"part {value.index}"
-    return type(value).__name__
-
-
-def _type_info(var):
-    ty = var.ty if isinstance(var, relax.Expr) else None
-    if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
-        return None, None, None
-    shape = [int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in ty.shape.values]
-    dtype = str(ty.dtype)
-    nbytes = None
-    if all(isinstance(d, int) for d in shape):
-        nbytes = tvm.runtime.DataType(dtype).bits // 8
-        for d in shape:
-            nbytes *= d
-    return shape, dtype, nbytes
 
 
 def _tensor_args(value, by_var) -> list:
@@ -233,48 +148,11 @@ def _tensor_args(value, by_var) -> list:
     return found
 
 
-def _reads(value, var, by_var) -> bool:
-    return any(a.same_as(var) for a in _tensor_args(value, by_var))
-
-
-def _matches(value, consumer: str) -> bool:
-    if not isinstance(value, relax.Call) or not isinstance(value.op, Op):
-        return False
-    if value.op.same_as(_CALL_TIR):
-        return value.args[0].name_hint == consumer
-    return value.op.name == consumer or value.op.name.endswith("." + consumer)
+def _label(expr) -> str:
+    return expr.name if isinstance(expr, relax.Var) else "const"
 
 
 _LETTERS = "ijklmnpqrstuvw"
-
-
-def _mapping_text(value, by_var, get_rule) -> Optional[str]:
-    """The mapping of a movement binding, e.g. ``(i, j) -> x[j, i]``; None when unknown."""
-    part = None
-    if isinstance(value, relax.TupleGetItem) and value.tuple_value in by_var:
-        value, part = by_var[value.tuple_value].value, value.index
-    if not isinstance(value, relax.Call) or not isinstance(value.op, Op) or value.op.same_as(_CALL_TIR):
-        return None
-    rule = get_rule(value.op.name)
-    if rule is None:
-        return None
-    try:
-        args = []
-        for a in value.args:
-            bound = by_var.get(a) if isinstance(a, relax.Var) else None
-            args.append(bound.value if bound is not None and isinstance(bound.value, relax.Tuple) else a)
-        call = relax.BlockBuilder().normalize(relax.Call(value.op, args, value.attrs, value.ty_args))
-        vt = rule(call)
-    except Exception:  # noqa: BLE001 - e.g. Unsupported: the row's reason says why
-        return None
-    parts = vt if isinstance(vt, list) else [vt]
-    if part is not None:
-        parts = parts[part:part + 1]
-    return "; ".join(format_mapping(p.mapping, [_label(s) for s in p.sources]) for p in parts)
-
-
-def _label(expr) -> str:
-    return expr.name if isinstance(expr, relax.Var) else "const"
 
 
 def format_mapping(mapping, source_names) -> str:

@@ -61,6 +61,7 @@ class Collector(Walker):
     def __init__(self, mod, choose, ops, target, inplace, physical, profiler, graph: Graph):
         super().__init__(mod, ops, target, inplace, physical)
         self.choose, self.profiler, self.graph = choose, profiler, graph
+        graph.value_of = self._value
         self.kept_reads: Dict[relax.Var, list] = {}
         self.consumer_reads: Dict[relax.Var, tuple] = {}
         self.outputs: list = []
@@ -206,6 +207,7 @@ class Collector(Walker):
                     sources=tuple(d.id for d in dsts))
         edge.behind_tiled = self._behind_tiled(var, arg)
         edge.source_vars = [s for s in vt.sources if isinstance(s, relax.Var)]
+        edge.source_exprs = tuple(vt.sources)  # the mapping's sources, by index (constants too)
         edge.arg, edge.consumer_var = arg, var
         graph.edges.append(edge)
         self.edges_into.setdefault(var, []).append(edge)
@@ -259,6 +261,10 @@ class Plan:
     # destination var (a materialised movement result, an in-place update) -> the source vars
     # whose producers store into it: what the emitter marks for :mod:`vtc_tvm.stores`
     stores: Dict[relax.Var, set] = field(default_factory=dict)
+    # the options it was made with, which :func:`vtc_tvm.emit` needs to emit it
+    target: Optional[tvm.target.Target] = None
+    ops: Optional[frozenset] = None
+    inplace: tuple = ()
 
     def chosen_edges(self) -> List[Edge]:
         return [e for e in self.graph.edges if e.chosen]
@@ -321,7 +327,9 @@ def plan(mod: tvm.IRModule, target=None, strategy: Union[str, Callable] = "conti
     choose = get_strategy(strategy)
     allowed = None if ops is None else set(ops)
     every = strategy == "all"
-    return _plan(mod, tgt, choose, allowed, tuple(inplace), profiler, memory_guard, objective, every)
+    chosen = _plan(mod, tgt, choose, allowed, tuple(inplace), profiler, memory_guard, objective, every)
+    chosen.target, chosen.ops, chosen.inplace = tgt, None if allowed is None else frozenset(allowed), tuple(inplace)
+    return chosen
 
 
 def _plan(mod, tgt, choose, allowed, inplace, profiler, memory_guard, objective, every=False) -> Plan:

@@ -171,18 +171,24 @@ def VirtualTensorize(
                 raise ValueError("VirtualTensorize(profile=True) needs a target")
             profiler = EdgeProfiler(tgt, db=profile_db)
         chosen = make_plan(mod, tgt, strategy, ops, inplace, profiler or False, memory_guard, objective)
-        if chosen.unchanged:  # no plan is predicted to plan at most stock's memory
-            logger.info("module left as it is: %s", chosen.summary["memory"]["unchanged"])
-            if report is not None:
-                report.extend(chosen.rows)
-            return mod
-        out = relax.transform.DeadCodeElimination()(
-            _Emitter(mod, chosen, None if ops is None else set(ops), tgt, inplace).transform())
-        for row in chosen.rows:
-            logger.info("%s -> %s: %s (%s)", row["tensor"], row["consumer"],
-                        "virtual" if row["virtual"] else "physical", row["reason"])
         if report is not None:
             report.extend(chosen.rows)
-        return out
+        return emit(mod, chosen)
 
     return _virtual_tensorize
+
+
+def emit(mod: tvm.IRModule, chosen) -> tvm.IRModule:
+    """The module ``chosen`` (the :class:`vtc_tvm.plan.Plan` that :func:`vtc_tvm.plan` made
+    of ``mod``) describes, in one rewrite: what ``VirtualTensorize`` returns with the same
+    options. ``plan`` then ``emit`` lets a caller keep the plan it compiled (``vtc-tvm explain``).
+    """
+    if chosen.unchanged:  # no plan is predicted to plan at most stock's memory
+        logger.info("module left as it is: %s", chosen.summary["memory"]["unchanged"])
+        return mod
+    ops = None if chosen.ops is None else set(chosen.ops)
+    out = relax.transform.DeadCodeElimination()(_Emitter(mod, chosen, ops, chosen.target, chosen.inplace).transform())
+    for row in chosen.rows:
+        logger.info("%s -> %s: %s (%s)", row["tensor"], row["consumer"],
+                    "virtual" if row["virtual"] else "physical", row["reason"])
+    return out
