@@ -26,6 +26,10 @@ CASES = [
     # the time, before index-tensor loads were clamped (tests/test_crash_regressions.py).
     ModelCase("effvit_attn", 102, weights="bind", legalize_first=True, entry="vtc_pipeline", strategy="all"),
     ModelCase("yolo_c3k2", 103, weights="initializers", entry="vt_default", rate=0.6),
+    # Campaign seed 111171 (shrunk): FuseOps fused a relu into the channel shuffle's two-output
+    # copy kernel, whose buffers had int32 extents against the relu's int64: FuseTIR raised
+    # "Inconsistent buffers ... mapped to the same relax var" (candidates.copy_kernel_of)
+    ModelCase("shufflenet_v2", 111171, weights="inputs", legalize_first=True, entry="vt_stores", rate=0.6, limit=5),
 ]
 # Blocks (the campaign's usual case), all in ONE child that forks a grandchild per case, as the
 # campaign does (tests/model_fuzz.outcome_in_child).
