@@ -50,7 +50,7 @@ from tvm.relax.expr_functor import PyExprMutator
 from . import inplace as inplace_updates
 from .analysis import (BROADCAST, COMM_REDUCE, OUT_EWISE_FUSABLE, call_tir_kernel, contiguity, index_copy_mapping,
                        index_copy_mappings, op_pattern)
-from .mapping import Mapping, Piece, VirtualTensor, _i64, _rebind_loads, _substitute, is_static, lowering_safe, new_buffer
+from .mapping import Mapping, Piece, VirtualTensor, _i64, _rebind_loads, dim, _substitute, is_static, lowering_safe, new_buffer
 from .rewrite import NotRewritable, best_schedulable, check_schedulable, clear_schedule_cache, rewritten_forms
 from .rules import Unsupported, get_rule, is_builtin_rule
 from .stores import is_view, mark_store_plan
@@ -720,19 +720,15 @@ def copy_kernel_of(vt) -> tuple:
         sources += [s for s in part.sources if not any(s.same_as(t) for t in sources)]
     # int64 extents, as LegalizeOps gives its kernels: FuseTIR refuses a tensor whose producer's
     # and this kernel's buffers differ in type (model fuzz seed 111171: a relu fused into a split)
-    holders = [te.placeholder(_index_shape(s.ty.shape), str(s.ty.dtype), f"vtc_copy_in{j}")
+    holders = [te.placeholder([_i64(dim(d)) for d in s.ty.shape], str(s.ty.dtype), f"vtc_copy_in{j}")
                for j, s in enumerate(sources)]
     def body(part):
         at = [next(j for j, t in enumerate(sources) if t.same_as(s)) for s in part.sources]
         return lambda *v: part.mapping.load(v, lambda j, idx: holders[at[j]](*[lowering_safe(i) for i in idx]))
 
-    outs = [te.compute(_index_shape(part.mapping.shape), body(part),
+    outs = [te.compute([_i64(dim(d)) for d in part.mapping.shape], body(part),
                        name=f"vtc_copy_{k}") for k, part in enumerate(vt)]
     return te.create_prim_func(holders + outs).without_attr("global_symbol"), sources
-
-
-def _index_shape(shape) -> list:
-    return [tvm.tirx.IntImm("int64", int(d)) if isinstance(d, (int, tvm.tirx.IntImm)) else _i64(d) for d in shape]
 
 
 def store_edges(dest_var, composed, value_of, uses, movement_vars, readers, pattern_of) -> List[tuple]:

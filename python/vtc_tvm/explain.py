@@ -49,19 +49,17 @@ def plan_of(mod, chosen, emitted, census, model_path: Optional[str] = None) -> d
     plan = json.loads(chosen.to_json())
     graph, onnx_names = chosen.graph, _onnx_names(model_path)
     tid = lambda i: f"t{i}"  # noqa: E731
-    bindings = {b.var: b for f in mod.functions.values() if isinstance(f, relax.Function)
-                for block in f.body.blocks for b in block.bindings}
+    bindings = _bindings(mod)
+    still = {v.name for v in _bindings(emitted)}
     for n, row in zip(graph.nodes, plan["nodes"]):
         var = n.var.name if isinstance(n.var, relax.Var) else None
         onnx_node, onnx_op, _ = onnx_names.get(var, (None, None, None))
         b = bindings.get(n.var)
         reads = _tensor_args(b.value, bindings) if b is not None else []
-        row.update(id=tid(n.id), tensor=var, op=n.op.split("relax.", 1)[-1], movement=n.movement, onnx_node=onnx_node or row.get("onnx_node"), onnx_op=onnx_op,
+        row.update(id=tid(n.id), tensor=var, op=n.op.split("relax.", 1)[-1], movement=n.movement,
+                   onnx_node=onnx_node or row.get("onnx_node"), onnx_op=onnx_op,
                    sources=list(dict.fromkeys(tid(graph.by_var[a].id) for a in reads if a in graph.by_var)))
-    still = {b.var.name for f in emitted.functions.values() if isinstance(f, relax.Function)
-             for block in f.body.blocks for b in block.bindings}
-    for n, row in zip(graph.nodes, plan["nodes"]):
-        if n.movement and not row["virtual"] and row["tensor"] is not None and row["tensor"] not in still:
+        if n.movement and not row["virtual"] and var is not None and var not in still:
             row.update(virtual=True, reason="composed into the mappings of its readers: no kernel, no memory")
     nodes = {row["id"]: row for row in plan["nodes"]}
     for e, row in zip(graph.edges, plan["edges"]):
@@ -86,6 +84,12 @@ def plan_of(mod, chosen, emitted, census, model_path: Optional[str] = None) -> d
     summary["virtual"] = sum(1 for row in plan["nodes"] if row.get("virtual"))
     plan["summary"] = summary
     return plan
+
+
+def _bindings(mod) -> dict:
+    """{var: binding} over every Relax function of ``mod``."""
+    return {b.var: b for f in mod.functions.values() if isinstance(f, relax.Function)
+            for block in f.body.blocks for b in block.bindings}
 
 
 def _source_label(expr, graph, onnx_names) -> str:

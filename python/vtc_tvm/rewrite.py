@@ -222,7 +222,7 @@ def redirect_output_parts(func: tirx.PrimFunc, dests, extra_params=()) -> tirx.P
             if where is not None and stmt is None and k > 0:
                 # A nested ``if`` keeps an explicit empty ``else``: TVM's HoistIfThenElse drops the
                 # then-branch of ``if a: .. else: (if b: ..)`` when the inner ``if`` has none
-                # (tests/test_rewrite.py::test_nested_store_chain_survives_hoisting).
+                # (tests/test_stores.py::test_nested_store_chain_survives_hoisting).
                 stmt = tirx.Evaluate(0)
             stmt = put if where is None else tirx.IfThenElse(where(list(store.indices)), put, stmt)
         return stmt if stmt is not None else tirx.Evaluate(0)
