@@ -30,7 +30,7 @@ if __package__ in (None, ""):
 
 from benchmarks.schedules_h200 import fused_kernels  # noqa: E402
 from vtc_tvm.pipeline import cuda_target  # noqa: E402
-from vtc_tvm.schedules import batched_gemv, our_rules, widen_accumulator  # noqa: E402
+from vtc_tvm.schedules import TensorCoreGEMM, batched_gemv, our_rules, tensor_core_gemm, widen_accumulator  # noqa: E402
 
 
 def serial(func: tirx.PrimFunc) -> tirx.PrimFunc:
@@ -79,7 +79,12 @@ def main(argv=None):
             if rule is None:
                 continue
             with target:
-                scheduled = rule.apply(func, target, False).mod["main"]
+                if isinstance(rule, TensorCoreGEMM):  # WMMA does not run on llvm: its loop nest does
+                    sch, form, epilogue = batched_gemv.prepare(func)
+                    scheduled = tensor_core_gemm.schedule(sch, form, epilogue, tensor_core_gemm.plan(form, target),
+                                                          tensorize=False).mod["main"]
+                else:
+                    scheduled = rule.apply(func, target, False).mod["main"]
             rng = np.random.default_rng(0)
             arrays = [rng.uniform(-1, 1, [int(s) for s in p.shape]).astype(str(p.dtype)) for p in func.params]
             ref = run_llvm(reference(func), [a.copy() for a in arrays])

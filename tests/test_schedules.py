@@ -25,7 +25,7 @@ from tests.conftest import run_llvm, serial_threads
 
 TARGET = cuda_target()
 SMALL = dict(gemm=S.LowBatchGEMM(min_weight=1, min_reduction=1), attn=S.DecodeAttention(min_context=8),
-             gemm1=S.LowBatchGEMM(min_weight=1, min_reduction=1))
+             gemm1=S.LowBatchGEMM(min_weight=1, min_reduction=1), tc=S.TensorCoreGEMM(min_weight=1))
 
 
 # -- kernels -----------------------------------------------------------------------------------
@@ -155,6 +155,80 @@ def test_low_batch_gemm_declines_short_reductions():
     C3K2 on the H200, 0.470 against DLight's 0.068 ms) is no few-row GEMM against a weight."""
     assert _schedule(S.LowBatchGEMM(min_weight=1), projection(M=64, K=48, N=4096)) is None
     assert _schedule(S.LowBatchGEMM(min_weight=1), projection(M=64, K=256, N=4096)) is not None
+
+
+TC_TAKES = [lambda: projection(), lambda: projection(epilogue=True), lambda: projection(w_nk=True),
+            lambda: mapped_projection(M=16, heads=4, D=64, N=128), lambda: projection(M=32, K=256, N=128),
+            lambda: projection(M=64, K=256, N=64, w_nk=True)]
+
+
+@pytest.mark.parametrize("make", TC_TAKES)
+def test_tensor_core_gemm_takes_projections_and_compiles(make):
+    """16..64 rows, W[k, n] or W[n, k], A read through a mapping, an epilogue: WMMA kernels that
+    pass TVM's GPU checks and compile with nvcc."""
+    func = _schedule(SMALL["tc"], make())
+    assert func is not None and verify_well_formed(func)
+    assert tvm.s_tir.analysis.verify_gpu_code(func, {"max_threads_per_block": 1024,
+                                                      "max_shared_memory_per_block": 48 * 1024})
+    with TARGET:
+        src = tvm.tirx.build(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target=TARGET)
+    src = src.imports[0].inspect_source()
+    assert "wmma::mma_sync" in src and "wmma::load_matrix_sync" in src
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH: CUDA source generated but not compiled")
+    with TARGET:
+        assert nvcc.compile_cuda(src, target_format="ptx", arch="sm_90", compiler="nvcc")
+
+
+@pytest.mark.parametrize("make", [lambda: projection(M=8), lambda: projection(M=1), lambda: projection(M=24),
+                                  lambda: projection(M=80, K=256, N=128), lambda: projection(dtype="bfloat16"),
+                                  lambda: projection(dtype="float32"), lambda: projection(N=40),
+                                  lambda: projection(K=520), lambda: gqa_scores(), lambda: legalized_conv()])
+def test_tensor_core_gemm_declines(make):
+    """Rows not a multiple of 16 (or > 64), non-fp16, N % 16, a reduction that no split divides,
+    attention (batch axes), a convolution: not ours (LowBatchGEMM or DLight takes them)."""
+    assert _schedule(SMALL["tc"], make()) is None
+
+
+def test_tensor_core_gemm_needs_a_cuda_target_with_wmma():
+    func = projection()
+    assert S.TensorCoreGEMM(min_weight=1).apply(func, tvm.target.Target("llvm"), False) is None
+    old = tvm.target.Target({"kind": "cuda", "arch": "sm_61"})
+    with old:
+        assert S.TensorCoreGEMM(min_weight=1).apply(func, old, False) is None
+    assert S.TensorCoreGEMM().apply(func, TARGET, False) is None  # a 512 x 256 weight: below min_weight
+
+
+def test_tensor_core_plan_fills_the_h200():
+    """The Llama-3-8B projections at batch 16 get the splits the H200 sweep picked (session 11)."""
+    from vtc_tvm.schedules import tensor_core_gemm as tc
+
+    def planned(N, K):
+        return tc.plan(batched_gemv.GemvForm("b", (), (0,), (1,), (2,), 1, 16, N, K, None, "cols", "float16"), TARGET)
+
+    assert planned(14336, 4096) == tc.TCTiling(4, 2, 4, 8)  # gate / up
+    assert planned(4096, 14336) == tc.TCTiling(4, 2, 4, 32)  # down
+    assert planned(4096, 4096).split == 16 and planned(1024, 4096).split == 16
+    assert planned(40, 4096) is None
+
+
+@pytest.mark.parametrize("make", TC_TAKES[:5])
+@pytest.mark.parametrize("tiling", [None, "2,2,2,2", "1,1,1,4"])
+def test_tensor_core_loop_nest_preserves_semantics(make, tiling):
+    """The WMMA schedule's loop nest (staging, split, rfactor, reindexed operands, epilogue) with
+    the 16x16 tiles left as loops (``tensorize=False``) computes what the widened kernel does on
+    llvm; the tensorized kernels' numerics are checked on the H200 (benchmarks/schedules_h200.py)."""
+    from vtc_tvm.schedules import tensor_core_gemm as tc
+
+    func = make()
+    sch, form, epilogue = batched_gemv.prepare(func)
+    tiling = tc.plan(form, TARGET) if tiling is None else tc.TCTiling(*map(int, tiling.split(",")))
+    scheduled = tc.schedule(sch, form, epilogue, tiling, tensorize=False).mod["main"]
+    arrays = _inputs(func, np.random.default_rng(5))
+    want = run_llvm(batched_gemv.prepare(func)[0].mod["main"], [a.copy() for a in arrays]).astype(np.float64)
+    got = run_llvm(serial_threads(scheduled), [a.copy() for a in arrays]).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=2 ** -10, atol=2 ** -10 * np.abs(want).max())
+    assert np.abs(want).max() > 1
 
 
 def test_decode_attention_needs_a_long_context_on_the_right_axis():
@@ -331,8 +405,8 @@ def test_cuda_source_compiles_with_nvcc():
 def test_default_rules_are_ours_then_tvms():
     stock = [p for p in _backend(TARGET).legalize_passes(TARGET) if p.info.name == "ApplyDefaultSchedule"][0].rules
     rules = S.default_rules(TARGET)
-    assert [type(r) for r in rules[:2]] == [S.DecodeAttention, S.LowBatchGEMM]
-    assert [type(r) for r in rules[2:]] == [type(r) for r in stock]
+    assert [type(r) for r in rules[:3]] == [S.DecodeAttention, S.TensorCoreGEMM, S.LowBatchGEMM]
+    assert [type(r) for r in rules[3:]] == [type(r) for r in stock]
     assert "ApplyDefaultSchedule" in S.ApplySchedules(TARGET).info.name
 
 

@@ -3,7 +3,8 @@
 ``default_rules(target)`` is our rules followed by exactly the rule list of TVM's own CUDA
 pipeline; ``ApplySchedules(target)`` is ``dlight.ApplyDefaultSchedule`` over that list.
 
-* :class:`LowBatchGEMM` (:mod:`.low_batch_gemm`): 1 <= M <= 64 projections as batched GEMVs
+* :class:`TensorCoreGEMM` (:mod:`.tensor_core_gemm`): 16..64-row fp16 projections on WMMA tensor cores
+* :class:`LowBatchGEMM` (:mod:`.low_batch_gemm`): 1 <= M <= 64 projections as batched GEMVs (the rest)
 * :class:`DecodeAttention` (:mod:`.decode_attention`): q K^T and probs V over a KV cache
 * :func:`widen_accumulator` (:mod:`.accumulate`): the float32-accumulation TIR rewrite both use
 * :mod:`.batched_gemv`: the shared matcher, schedule and tiling plan (target data: SM counts)
@@ -20,6 +21,7 @@ import tvm
 from .accumulate import widen_accumulator
 from .decode_attention import DecodeAttention
 from .low_batch_gemm import LowBatchGEMM
+from .tensor_core_gemm import TensorCoreGEMM
 
 
 def stock_rules(target) -> list:
@@ -36,7 +38,7 @@ def stock_rules(target) -> list:
 
 def our_rules(target) -> list:
     """Our rules, most specialised first (they return None on anything else)."""
-    return [DecodeAttention(), LowBatchGEMM()]
+    return [DecodeAttention(), TensorCoreGEMM(), LowBatchGEMM()]
 
 
 def default_rules(target) -> list:
@@ -52,4 +54,4 @@ def ApplySchedules(target) -> tvm.transform.Pass:  # noqa: N802 - a pass, named 
 
 
 __all__ = ["ApplySchedules", "DecodeAttention", "LowBatchGEMM", "default_rules", "our_rules",
-           "stock_rules", "widen_accumulator"]
+           "stock_rules", "TensorCoreGEMM", "widen_accumulator"]
