@@ -213,16 +213,15 @@ def _tensor_core_tilings(form, target):
     for the kernels :class:`vtc_tvm.schedules.TensorCoreGEMM` takes."""
     from vtc_tvm.schedules import tensor_core_gemm as TC
 
-    if not TC.applicable(form) or TC.plan(form, target) is None:
+    planned = TC.plan(form, target) if TC.applicable(form) else None
+    if planned is None:
         return {}
-    planned = TC.plan(form, target)
     out = {"tc_planned": planned}
     for warps, jt in ((4, 2), (8, 1), (4, 1), (2, 2)):
         for kt, split in ((4, planned.split), (8, planned.split), (4, max(2, planned.split // 2)),
                           (4, planned.split * 2)):
             t = TC.TCTiling(warps, jt, kt, split)
-            if (t != planned and form.N % (16 * warps * jt) == 0 and form.K % (split * kt * 16) == 0
-                    and form.M * (form.K // split + TC.SHARED_PAD) * 2 <= TC.SHARED_BYTES):
+            if t != planned and TC.fits(form, t):
                 out[f"tc_w{warps}_j{jt}_k{kt}_s{split}"] = t
     return out
 
@@ -270,8 +269,10 @@ def sweep_candidates(batch, size, target, rules=None):
         makes = {"dlight": dlight, "widened_dlight": widened_dlight}
         for label, tiling in tilings.items():
             makes[label] = lambda func=func, tiling=tiling: G.schedule(*G.prepare(func), tiling).mod["main"]
-        for label, tiling in _tensor_core_tilings(form, target).items():
-            info.setdefault("tc_planned", str(TC.plan(form, target)))
+        tc_tilings = _tensor_core_tilings(form, target)
+        if tc_tilings:
+            info["tc_planned"] = str(tc_tilings["tc_planned"])
+        for label, tiling in tc_tilings.items():
             makes[label] = lambda func=func, tiling=tiling: TC.schedule(*G.prepare(func), tiling).mod["main"]
         found[kname] = (info, makes)
     return found

@@ -91,17 +91,27 @@ def plan(form: batched_gemv.GemvForm, target) -> Optional[TCTiling]:
     else:
         return None
     warps_per_split = form.N // (MMA * jt)
-    fits = lambda split: form.M * (form.K // split + SHARED_PAD) * 2 <= SHARED_BYTES
     split = 2
-    while split < MAX_SPLIT and (not fits(split) or warps_per_split * split < WARPS_PER_SM * sms
+    while split < MAX_SPLIT and (not _rows_fit(form, split) or warps_per_split * split < WARPS_PER_SM * sms
                                  and form.K // (split * 2) >= MIN_CHUNK):
         split *= 2
     kt = 4
     while kt > 1 and form.K % (split * kt * MMA):
         kt //= 2
-    if form.K % (split * kt * MMA) or not fits(split):
-        return None
-    return TCTiling(warps, jt, kt, split)
+    tiling = TCTiling(warps, jt, kt, split)
+    return tiling if fits(form, tiling) else None
+
+
+def _rows_fit(form: batched_gemv.GemvForm, split: int) -> bool:
+    """A block's share of the rows (padded) fits ``SHARED_BYTES``."""
+    return form.M * (form.K // split + SHARED_PAD) * 2 <= SHARED_BYTES
+
+
+def fits(form: batched_gemv.GemvForm, tiling: TCTiling) -> bool:
+    """``tiling`` divides ``form``'s columns and reduction exactly and its rows fit shared memory
+    (limit 4; the 16x16 tiles take no partial tiles)."""
+    return (form.N % (MMA * tiling.warps * tiling.jt) == 0 and form.K % (tiling.split * tiling.kt * MMA) == 0
+            and _rows_fit(form, tiling.split))
 
 
 def applicable(form: batched_gemv.GemvForm, max_rows: int = 64, min_weight: int = 1 << 20) -> bool:
