@@ -47,6 +47,29 @@ def test_split_feeding_reshapes_is_planned_conflict_free_and_correct(rng):
     assert_outputs_equal(run(out, inputs), run(mod, inputs))
 
 
+def _grown_cache(past, k, q):
+    """A decode step's grown cache: ``concat(past, k)`` returned in a tuple and read by a
+    matmul through a reshape."""
+    cache = emit(R.concat([past, emit(R.exp(k))], axis=0))
+    return R.matmul(q, emit(R.reshape(cache, (8, 16)))), cache
+
+
+def test_outputs_returned_in_a_tuple_are_physical_from_the_first_walk(rng):
+    # The cache is an output: materialised whatever the plan, so q K^T reads it directly and no
+    # consumer is rewritten through the concat only for a second walk to undo it.
+    params = [((12, 8), F32), ((4, 8), F32), ((3, 8), F32)]
+    mod = make_module(params, _grown_cache)
+    p = vtc_tvm.plan(mod, LLVM)
+    assert p.summary["solver"]["steps"] == 1, p.summary
+    cache = next(n for n in p.graph.nodes if n.op == "relax.concat")
+    assert cache.var in p.physical and not p._virtual(cache)
+    loads = [e for e in p.graph.edges if e.kind == "load" and e.chosen]
+    assert loads and all(p.graph.nodes[e.dst].id == cache.id for e in loads), [(e.src, e.dst) for e in loads]
+    out = vtc_tvm.VirtualTensorize(target=LLVM)(mod)
+    inputs = random_inputs(params, rng)
+    assert_outputs_equal(run(out, inputs), run(mod, inputs))
+
+
 def test_plan_json_has_the_documented_schema():
     mod = make_module([((8, 8), F32), ((4, 6), F32)], _split_reshapes)
     data = json.loads(vtc_tvm.plan(mod, LLVM).to_json())

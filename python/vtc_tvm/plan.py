@@ -21,7 +21,9 @@ prediction falls).
 
 Which movement results stay materialised also depends on how the ones they compose through
 end up; that is a fixed point over the graph (limit 1): each step re-walks the module with the
-cached rewrites and no lowering, and in practice one or two steps suffice. The result is a
+cached rewrites and no lowering. Function outputs (through the tuples and aliases that return
+them) are physical from the first step, so a module whose only materialised movement results
+are its outputs (a decode layer returning its grown caches) is planned in one walk. The result is a
 :class:`Plan`: data (``to_json``, ``to_dot``) and the decisions :mod:`vtc_tvm.transform` emits.
 """
 
@@ -333,7 +335,11 @@ def plan(mod: tvm.IRModule, target=None, strategy: Union[str, Callable] = "conti
 
 
 def _plan(mod, tgt, choose, allowed, inplace, profiler, memory_guard, objective, every=False) -> Plan:
-    physical: frozenset = frozenset()
+    # Function outputs stay materialised whatever the plan: physical from the first walk, so no
+    # consumer is rewritten to read through one (a grown KV cache read by attention) only for the
+    # next step to find it materialised and rewrite that consumer again. ("all" reads through
+    # materialised tensors too.)
+    physical: frozenset = frozenset() if every else _function_outputs(mod)
     earlier: Dict[tuple, dict] = {}
     earlier_edges: Dict[tuple, Edge] = {}
     nodes = Graph()  # one node table for every step: stable node ids
@@ -390,6 +396,25 @@ def _plan(mod, tgt, choose, allowed, inplace, profiler, memory_guard, objective,
                 "stays materialised (read where it cannot be virtual), so consumers read it directly; "
                 f"alone: {row['reason']}")))
     return result
+
+
+def _function_outputs(mod: tvm.IRModule) -> frozenset:
+    """What the Relax functions of ``mod`` return: the returned variables, and through tuples
+    and aliases bound in the function, the variables they hold (a decode layer returns
+    ``(out, k_cache, v_cache)`` bound to one variable)."""
+    found = set()
+    for func in mod.functions.values():
+        if not isinstance(func, relax.Function) or (func.attrs and func.attrs.get("Primitive")):
+            continue
+        bound = {b.var: b.value for block in func.body.blocks for b in block.bindings}
+        todo = list(relax.analysis.free_vars(func.body.body))
+        while todo:
+            v = todo.pop()
+            if v not in found:
+                found.add(v)
+                if isinstance(bound.get(v), (relax.Tuple, relax.Var)):
+                    todo += list(relax.analysis.free_vars(bound[v]))
+    return frozenset(found)
 
 
 def collector_split(collector) -> dict:
