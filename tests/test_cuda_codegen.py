@@ -260,6 +260,48 @@ def test_rules_skipped_on_one_spatial_block_return_none(monkeypatch):
             assert rewrite._dlight_schedule(func, target)[0] == _every_rule(func, target)[0]
 
 
+def test_fallback_verdicts_known_without_scheduling_are_the_full_searchs(monkeypatch):
+    """A one-block kernel whose loop nest Fallback is known to schedule gets its verdict without
+    a schedule being built (``rewrite._fallback_schedules``): on every kernel the GPU workloads
+    ask that of (forms and originals, both strategies), Fallback does schedule it and the full
+    search, no rule skipped, picks Fallback."""
+    import vtc_tvm
+    from vtc_tvm import candidates, rewrite
+    from vtc_tvm.pipeline import cuda_target as vtc_cuda_target
+
+    target = vtc_cuda_target()
+    known, refused = [], []
+    real = rewrite._fallback_schedules
+
+    def recorded(func, rules, first):
+        got = real(func, rules, first)
+        (known if got else refused).append(func)
+        return got
+
+    monkeypatch.setattr(rewrite, "_fallback_schedules", recorded)
+    for mod in _gpu_workload_mods():
+        for strategy in ("contiguity", "all"):
+            candidates.clear_caches()
+            vtc_tvm.VirtualTensorize(target=target, strategy=strategy)(mod)
+    monkeypatch.undo()
+    rules = rewrite._dlight_rules()
+    fallback = rewrite._none_on_one_spatial_block(rules)
+    assert type(rules[fallback]).__name__ == "Fallback"
+    assert len(known) > 10, len(known)
+    with target:
+        for func in known:
+            assert _every_rule(func, target)[0] == fallback, func
+    # and the conditions are not vacuous: a loop that does not start at 0 is refused
+    func = known[0]
+    loop = func.body.block.body
+    shifted = tvm.tirx.For(loop.loop_var, tvm.tirx.const(1, loop.loop_var.ty), loop.extent, loop.kind, loop.body)
+    moved = tvm.tirx.PrimFunc(func.params, tvm.s_tir.SBlockRealize(
+        func.body.iter_values, func.body.predicate,
+        tvm.s_tir.SBlock(func.body.block.iter_vars, func.body.block.reads, func.body.block.writes,
+                         func.body.block.name_hint, shifted)), attrs=func.attrs)
+    assert not rewrite._fallback_schedules(moved, rules, fallback)
+
+
 def test_best_schedulable_chooses_what_trying_the_original_first_chooses(monkeypatch):
     """``best_schedulable`` runs the forms first and the original's rules only below the forms'
     best (and shares verdicts between calls): on every edge of the GPU workloads (GQA reads at a

@@ -376,6 +376,33 @@ def _one_spatial_block(func: tirx.PrimFunc) -> bool:
             and all(isinstance(r.extent, tirx.IntImm) and int(r.extent) == 1 for r in block.writes[0].region))
 
 
+def _fallback_schedules(func: tirx.PrimFunc, rules, first: int) -> bool:
+    """Whether ``rules[first]`` is DLight's ``Fallback`` and schedules ``func``, a kernel of one
+    data-parallel block (:func:`_one_spatial_block`), known without running it.
+
+    Read from its code (TVM 0.27): it returns None only where ``normalize_prim_func`` fails,
+    and on one block the C++ ``NormalizePrimFunc`` fails only for a binding that is not the loop
+    variable itself or a loop that does not start at 0; it then fuses the block's loops, splits
+    the result by the thread count and binds both halves, which holds for a perfect nest of
+    loops not bound to threads. Those are the conditions checked here, on the loop nest and the
+    block's bindings, which a load rewrite never changes."""
+    from tvm.s_tir.dlight import gpu
+
+    if first >= len(rules) or type(rules[first]) is not gpu.Fallback:
+        return False
+    stmt, loops = func.body.block.body, []
+    while isinstance(stmt, tirx.For):
+        if stmt.kind != tirx.ForKind.SERIAL or not (isinstance(stmt.min, tirx.IntImm) and int(stmt.min) == 0):
+            return False
+        loops.append(stmt.loop_var)
+        stmt = stmt.body
+    if not isinstance(stmt, tvm.s_tir.SBlockRealize) or not loops:
+        return False
+    values = list(stmt.iter_values)
+    return (len(values) == len(loops) and all(v.same_as(l) for v, l in zip(values, loops))
+            and isinstance(stmt.predicate, tirx.IntImm) and int(stmt.predicate) == 1)
+
+
 def _first_rule_to_try(func: tirx.PrimFunc, rules) -> int:
     """Index of the first rule in ``rules`` whose verdict on ``func`` is not known to be None."""
     return _none_on_one_spatial_block(rules) if _one_spatial_block(func) else 0
@@ -392,9 +419,16 @@ def _dlight_outcome(func: tirx.PrimFunc, target, schedules=None):
     """``(index of the first default DLight rule that schedules func, its serial half terms)``;
     raises what DLight raised. Once per structure and target. When DLight runs here (no verdict
     on this structure yet), the schedule it made (None: no rule took it) is appended to
-    ``schedules`` if given."""
+    ``schedules`` if given; without ``schedules``, a one-block kernel that Fallback is known to
+    schedule (:func:`_fallback_schedules`) is not scheduled at all."""
     key = (tvm_ffi.structural_hash(func), str(target))
     found = _OUTCOMES.get(key)
+    if found is None and schedules is None:
+        rules = _dlight_rules()
+        first = _first_rule_to_try(func, rules)
+        if first and _fallback_schedules(func, rules, first):  # (one spatial block: first > 0)
+            found = (first, 0)
+            _remember(key, found)
     if found is None:
         try:
             # Rules _dlight_rule_below already saw return None on this structure are not rerun.
