@@ -87,7 +87,7 @@ def test_plan_of_the_compile(tmp_path):
     assert ffi.structural_equal(vtc, vtc_tvm.VirtualTensorize(target="llvm", memory_guard=True, report=rows)(mod))
     assert rows == chosen.rows
     census = {"stock": kernel_census(mod, "llvm"), "vtc": kernel_census(vtc, "llvm", stores=True)}
-    plan = explain.plan_of(mod, chosen, vtc, census, path)
+    plan = explain.plan_of(mod, chosen, census, path)
     nodes = {n["id"]: n for n in plan["nodes"]}
     split_1 = next(n for n in plan["nodes"] if n["tensor"] == "split_1")
     assert split_1["name"].startswith("split[1]#") and split_1["onnx_node"] == "node_split_0" and split_1["virtual"]

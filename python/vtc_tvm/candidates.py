@@ -302,6 +302,12 @@ class Edge:
     cost: object = None         # cost.EdgeCost
     chosen: bool = False
     reason: str = ""
+    source_exprs: tuple = ()    # load side: the mapping's sources by index (constants too)
+
+    @property
+    def source_vars(self) -> list:
+        """The mapping's sources that are variables: what reading through it keeps alive."""
+        return [s for s in self.source_exprs if isinstance(s, relax.Var)]
 
 
 @dataclass
@@ -316,7 +322,6 @@ class Graph:
     escapes: Dict[int, List[str]] = field(default_factory=dict)
     # movement node -> (node read by a movement op composed through it?)
     reads: Dict[int, List[int]] = field(default_factory=dict)
-    split_of: Dict[int, int] = field(default_factory=dict)
     decisions: List[dict] = field(default_factory=list)  # rows for edges decided without the plan
     _ops: Dict[str, int] = field(default_factory=dict)
     # var -> the value bound to it (set by the walk): names a part of a tuple by the op that made it

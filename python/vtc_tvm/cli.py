@@ -228,7 +228,6 @@ class Session:
         self.args, self.console = args, console
         self.shapes, self.dims = parse_shapes(args.shape), parse_dims(args.dim)
         self.target = resolve_target(args.target, console)
-        self.decisions: list = []
         self.chosen = None  # the vtc_tvm.plan.Plan, once planned
         self._vtc = None
 
@@ -264,7 +263,6 @@ class Session:
             with self.console.phase(what):
                 self.chosen = plan(self.mod, self.target, self.args.strategy, ops=self.ops, inplace=self.inplace,
                                    profile=self.args.profile, memory_guard=True)
-                self.decisions.extend(self.chosen.rows)
                 self._vtc = emit(self.mod, self.chosen)
         return self._vtc
 
@@ -332,7 +330,7 @@ def cmd_compile(args, console: Console, out: dict) -> ExitCode:
     if args.report:
         from .explain import unique_decisions
 
-        census, rows = s.census(), unique_decisions(s.decisions)
+        census, rows = s.census(), unique_decisions(s.chosen.rows)
         out.update(decisions=rows, census={k: _census_row(v) for k, v in census.items()})
         lines += _report_lines(rows, census)
     if args.out:
@@ -506,7 +504,7 @@ def cmd_explain(args, console: Console, out: dict) -> ExitCode:
         with console.phase("timing stock and vtc"):
             for v, ex in executables.items():
                 census[v]["latency_ms"] = time_vm(ex, dev, inputs, args.repeat)
-    plan = explain.plan_of(s.mod, s.chosen, s.plan(), census, args.model)
+    plan = explain.plan_of(s.mod, s.chosen, census, args.model)
     html_path = args.out or os.path.splitext(os.path.basename(args.model))[0] + ".vtc.html"
     with console.phase(f"rendering {html_path}"):
         written = explain.write_report(plan, html_path, title=os.path.basename(args.model))

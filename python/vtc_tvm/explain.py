@@ -36,21 +36,20 @@ from tvm import relax
 
 
 # -- the plan dict ---------------------------------------------------------------------------------
-def plan_of(mod, chosen, emitted, census, model_path: Optional[str] = None) -> dict:
+def plan_of(mod, chosen, census, model_path: Optional[str] = None) -> dict:
     """The plan dict of ``chosen`` (the :class:`vtc_tvm.plan.Plan` the compile emitted for
     ``mod``): ``chosen.to_json()`` with ids made strings (``t3``, ``e5``), each tensor's
     variable, ONNX node and the tensors it reads (``sources``, for the drawing), each load
     edge drawn to its consumer (``view_of``: the tensor it reads in its place) with its
     composed mapping in words, and ``summary`` holding the kernel census (and latency) of
-    stock and vtc. A movement tensor is virtual when ``emitted`` (``vtc_tvm.emit(mod, chosen)``)
-    no longer computes it: that covers one composed into its readers' mappings (a split part
-    read only by a concat that became virtual), which has no edge of its own. Only tensors
-    the plan is about are kept: movement tensors, what their edges join and what they read."""
+    stock and vtc. A movement tensor is virtual as the plan says (the emitted module no longer
+    computes it: that covers one composed into its readers' mappings, a split part read only by
+    a concat that became virtual, which has no edge of its own). Only tensors the plan is about
+    are kept: movement tensors, what their edges join and what they read."""
     plan = json.loads(chosen.to_json())
     graph, onnx_names = chosen.graph, _onnx_names(model_path)
     tid = lambda i: f"t{i}"  # noqa: E731
     bindings = _bindings(mod)
-    still = {v.name for v in _bindings(emitted)}
     for n, row in zip(graph.nodes, plan["nodes"]):
         var = n.var.name if isinstance(n.var, relax.Var) else None
         onnx_node, onnx_op, _ = onnx_names.get(var, (None, None, None))
@@ -59,13 +58,11 @@ def plan_of(mod, chosen, emitted, census, model_path: Optional[str] = None) -> d
         row.update(id=tid(n.id), tensor=var, op=n.op.split("relax.", 1)[-1], movement=n.movement,
                    onnx_node=onnx_node or row.get("onnx_node"), onnx_op=onnx_op,
                    sources=list(dict.fromkeys(tid(graph.by_var[a].id) for a in reads if a in graph.by_var)))
-        if n.movement and not row["virtual"] and var is not None and var not in still:
-            row.update(virtual=True, reason="composed into the mappings of its readers: no kernel, no memory")
     nodes = {row["id"]: row for row in plan["nodes"]}
     for e, row in zip(graph.edges, plan["edges"]):
         row.update(id=f"e{e.id}", src=tid(e.src), dst=tid(e.dst))
         if e.kind == "load":
-            labels = [_source_label(x, graph, onnx_names) for x in getattr(e, "source_exprs", ())]
+            labels = [_source_label(x, graph, onnx_names) for x in e.source_exprs]
             row.update(view_of=tid(e.dst), dst=tid(e.consumer) if e.consumer is not None else None,
                        mapping=format_mapping(e.mapping, labels) if e.mapping is not None and labels else row["mapping"])
             src = nodes.get(row["src"])

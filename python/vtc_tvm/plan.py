@@ -206,10 +206,8 @@ class Collector(Walker):
         edge = Edge(len(graph.edges), "load", src.id, dsts[0].id if dsts else graph.constant().id, consumer.id, name,
                     mapping=vt.mapping, contiguity=contig, pattern=pattern, legal=rewritten is not None,
                     verdict=verdict, rewritten=rewritten, fused_before=pattern, fused_after=after,
-                    sources=tuple(d.id for d in dsts))
+                    sources=tuple(d.id for d in dsts), source_exprs=tuple(vt.sources))
         edge.behind_tiled = self._behind_tiled(var, arg)
-        edge.source_vars = [s for s in vt.sources if isinstance(s, relax.Var)]
-        edge.source_exprs = tuple(vt.sources)  # the mapping's sources, by index (constants too)
         edge.arg, edge.consumer_var = arg, var
         graph.edges.append(edge)
         self.edges_into.setdefault(var, []).append(edge)
@@ -263,6 +261,9 @@ class Plan:
     # destination var (a materialised movement result, an in-place update) -> the source vars
     # whose producers store into it: what the emitter marks for :mod:`vtc_tvm.stores`
     stores: Dict[relax.Var, set] = field(default_factory=dict)
+    # movement results the emitted module still computes (:func:`_materialised`): the others are
+    # virtual, those with load edges and those composed into their readers' mappings alike
+    materialised: frozenset = frozenset()
     # the options it was made with, which :func:`vtc_tvm.emit` needs to emit it
     target: Optional[tvm.target.Target] = None
     ops: Optional[frozenset] = None
@@ -301,14 +302,15 @@ class Plan:
         return "\n".join(lines)
 
     def _virtual(self, n: Node) -> bool:
-        return n.movement and n.var is not None and n.var not in self.physical and any(
-            e.chosen for e in self.graph.edges if e.src == n.id and e.kind == "load")
+        return n.movement and n.var is not None and not self.unchanged and n.var not in self.materialised
 
     def _node_reason(self, n: Node) -> str:
         if not n.movement:
             return "computed by a kernel"
         if self._virtual(n):
-            return "virtual: every consumer reads through its mapping"
+            if any(e.chosen for e in self.graph.edges if e.src == n.id and e.kind == "load"):
+                return "virtual: every consumer reads through its mapping"
+            return "virtual: composed into the mappings of its readers (no kernel, no memory)"
         return self.graph.escapes.get(n.id, ["stays materialised"])[0]
 
 
@@ -536,7 +538,7 @@ def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objectiv
         if e.kind == "store" and e.consumer is not None and not e.chosen and (e.update or e.dest_var in kept):
             logger.info("%s -> %s (store side): physical (%s)", e.source_var.name, e.dest_var.name, e.reason)
     p = Plan(graph, [[offered[i] for i in c] for c in conflicts], choice, collector.physical, rows, summary,
-             problem, offered, stores=stores)
+             problem, offered, stores=stores, materialised=frozenset(kept) | _parts_of(collector, kept))
     for row in collector.report:
         key = (row["tensor"], row["consumer"])
         if key in seen:
@@ -647,6 +649,13 @@ def _occurrences(value) -> list:
 
     relax.analysis.post_order_visit(value, visit)
     return found
+
+
+def _parts_of(collector: Collector, tuples) -> set:
+    """The parts (``TupleGetItem`` bindings) of the movement results in ``tuples`` that are
+    tuples (a split kept as one multi-output copy: its parts are its buffers)."""
+    return {b.var for b in collector.bindings
+            if isinstance(b.value, relax.TupleGetItem) and b.value.tuple_value in tuples}
 
 
 def _materialised(collector: Collector, choice: Dict[tuple, Decision]) -> set:
