@@ -57,6 +57,28 @@ def test_pipeline_registered():
     assert isinstance(p, tvm.transform.Pass)
 
 
+def test_cold_costs_time_each_call_alone_after_overwriting_the_l2():
+    """The runners' evaluator (``tuning.cold_costs``): with an L2 size, number x repeat single
+    calls, each after TVM's time_evaluator overwrote twice that many bytes on the device; without
+    one (the CPU), MetaSchedule's own evaluator (repeat means of number calls)."""
+    from tvm import te
+
+    a_ = te.placeholder((4096,), "float32", name="a")
+    scale = te.create_prim_func([a_, te.compute((4096,), lambda i: a_[i] * 2.0, name="b")])
+    rt_mod = tvm.tirx.build(scale.with_attr("global_symbol", "main"), target="llvm")
+    dev = tvm.cpu()
+    a = tvm.runtime.tensor(np.arange(4096, dtype="float32"), dev)
+    b = tvm.runtime.empty((4096,), "float32", dev)
+    config = ms.runner.EvaluatorConfig(number=2, repeat=3, min_repeat_ms=0, enable_cpu_cache_flush=False)
+    cold = tuning.cold_costs(rt_mod, dev, config, [[a, b], [a, b]], l2_bytes=1 << 20)
+    assert len(cold) == 12 and all(c > 0 for c in cold)
+    np.testing.assert_array_equal(b.numpy(), 2 * np.arange(4096, dtype="float32"))
+    warm = tuning.cold_costs(rt_mod, dev, config, [[a, b]])  # the CPU reports no L2: MetaSchedule's
+    assert len(warm) == 3 and all(c > 0 for c in warm)
+    assert tuning.local_runner(tuning.TuneSettings()).f_run_evaluator is tuning.cold_costs
+    assert tuning.local_runner(tuning.TuneSettings(cold_l2=False)).f_run_evaluator is None
+
+
 def test_untuned_kernels_keep_the_untuned_builds_rules():
     """On GPUs the kernels MetaSchedule has no record for get what the "vtc" pipeline gives them
     (our small-batch rules, then DLight's); the stock side and ``schedules="dlight"`` keep DLight's."""
