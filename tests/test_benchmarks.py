@@ -16,3 +16,35 @@ def test_kernels_dry_run(tmp_path):
     for row in rows:
         assert "error" not in row, row
         assert row["virtualized"], row["decisions"]  # all three edges stay schedulable by DLight
+
+
+def _run_json(path, cases):
+    path.write_text(json.dumps({"cases": [dict(zip(("workload", "batch", "stock_ms", "vtc_ms", "torch_best_ms"), c),
+                                               numerics_ok=True, torch_best_mode="eager", torch_eager_ms=c[4])
+                                          for c in cases]}))
+    return str(path)
+
+
+def test_paper_summary_applies_issue_13s_bar_to_the_rows(tmp_path):
+    """benchmarks.paper_summary: geomean over stock (all rows, component rows), the smallest
+    speed-up, rows ahead of torch's best; a later run's row replaces an earlier one's."""
+    import math
+
+    from benchmarks import paper_summary
+
+    components = ["llama_decode", "gemma2_decode", "llama_prefill", "effvit_attn", "yolo_c3k2"]
+    # 10 component rows at 2x, 6 of them ahead of torch (vtc 1 ms, torch 1.5 or 0.5 ms), plus a
+    # ShuffleNet row at 1.1x that is not a component
+    cases = [(name, b, 2.0, 1.0, 1.5 if i * 2 + k < 6 else 0.5) for i, name in enumerate(components)
+             for k, b in enumerate((1, 16))] + [("shufflenet_unit", 1, 1.1, 1.0, None)]
+    full = _run_json(tmp_path / "full.json", cases)
+    s = paper_summary.summary(paper_summary.rows_of([full]))
+    assert s["component_rows"] == 10 and s["ahead_of_torch"] == 6 and s["met"]
+    assert math.isclose(s["component_geomean"], 2.0) and math.isclose(s["geomean"], (2.0 ** 10 * 1.1) ** (1 / 11))
+    assert math.isclose(s["min_speedup"], 1.1)
+    # a later run of one case: slower than stock and behind torch there
+    later = _run_json(tmp_path / "later.json", [("llama_decode", 1, 1.0, 1.25, 1.0)])
+    s = paper_summary.summary(paper_summary.rows_of([full, later]))
+    assert s["ahead_of_torch"] == 5 and math.isclose(s["min_speedup"], 0.8) and not s["met"]
+    assert s["sources"] == sorted([full, later])
+    assert "not met (rows from 2 runs)" in paper_summary.markdown(s)
