@@ -330,8 +330,16 @@ def schedule(sch: s_tir.Schedule, form: GemvForm, epilogue, tiling: Tiling, unro
     rf = sch.rfactor(t_k, factor_axis=0)
     # the per-thread partial sums: M x vec float32 registers
     loops = sch.get_loops(rf)
-    bx = sch.fuse(*loops[:len(grid)])
     t_n, t_k, ko, ki, m, v_n = loops[len(grid):]
+    # Batch axes (decode attention's batch x KV heads) on blockIdx.y, the column tiles (and the
+    # split) on blockIdx.x: the blocks' linear order is the fused one's, and no address divides
+    # a fused block index (TIR's simplifier spent ~40 ms on those in the unrolled q K^T kernel).
+    grid = loops[:len(grid)]
+    extent = sch.get(grid[0]).extent
+    outer = 1 if isinstance(extent, tirx.IntImm) and 1 < int(extent) <= MAX_GRID_Y else 0
+    if outer:
+        sch.bind(grid[0], "blockIdx.y")
+    bx = sch.fuse(*grid[outer:]) if len(grid) - outer > 1 else grid[outer]
     sch.bind(bx, "blockIdx.x")
     sch.bind(t_n, tag_n)
     sch.bind(t_k, tag_k)
@@ -366,7 +374,7 @@ def schedule(sch: s_tir.Schedule, form: GemvForm, epilogue, tiling: Tiling, unro
     # (t_k, [unit batch/split,] rows, columns of the tile) under blockIdx.x
     sch.reverse_compute_at(block, bx, preserve_unit_loops=True)
     # (no rows loop when the rows' unit axis was dropped: C[j] = sum_k A[k] * W[j, k])
-    t_k2, *units_rows, c2 = sch.get_loops(block)[1:]
+    t_k2, *units_rows, c2 = sch.get_loops(block)[1 + outer:]
     if shared_tail:
         # every thread of the block sums the tk partials of some outputs, serially
         _, ty2, tx2 = sch.split(sch.fuse(*units_rows, c2), factors=[None, tk, tn], preserve_unit_iters=True)
@@ -391,7 +399,7 @@ def schedule(sch: s_tir.Schedule, form: GemvForm, epilogue, tiling: Tiling, unro
         # the tile's sums go through shared memory, so all tn x tk threads run the epilogue
         sch.set_scope(block, 0, "shared")
         sch.reverse_compute_at(epilogue, bx, preserve_unit_loops=True)
-        flat = sch.fuse(*sch.get_loops(epilogue)[1:])
+        flat = sch.fuse(*sch.get_loops(epilogue)[1 + outer:])
         _, ty, tx = sch.split(flat, factors=[None, tn, tk] if tiling.lanes == "red" else [None, tk, tn])
         sch.bind(ty, "threadIdx.y")
         sch.bind(tx, "threadIdx.x")
@@ -405,6 +413,7 @@ SM_COUNT = {"sm_90": 132, "sm_90a": 132, "sm_89": 128, "sm_86": 84, "sm_80": 108
 DEFAULT_SM_COUNT = 108
 WAVES = 2
 WARP = 32
+MAX_GRID_Y = 65535  # CUDA's gridDim.y limit
 VECTOR_BYTES = 16  # one 128-bit load
 MAX_ACCUMULATORS = 128  # float32 partial sums a thread keeps (M x vec)
 RED_COLUMNS = 8  # columns a warp sums at once when the reduction axis is the contiguous one
