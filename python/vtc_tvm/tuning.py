@@ -111,7 +111,7 @@ class TuneSettings:
     dlight_baseline: bool = True  # also measure the untuned build's schedule of each tuned task: records apply if faster
     baseline: object = "dlight"  # whose schedule that is: "dlight", "vtc" (ours, then DLight's), or a rule list
     index_inputs_in_bounds: bool = True  # the runner zero-fills integer inputs, so gathers can be tuned
-    cold_l2: bool = True  # on GPUs, time each call alone after the device's L2 is overwritten (cold_run_evaluator)
+    cold_l2: bool = True  # on GPUs, time each call alone after the device's L2 is overwritten (cold_costs)
 
     def strategy(self, max_fail_count: int = 5, min_population: int = 0):
         """``max_fail_count``: sampling rounds without enough valid candidates before giving up
