@@ -2,7 +2,6 @@
 
 import functools
 import importlib
-import logging
 from importlib.metadata import version
 
 import numpy as np
@@ -10,6 +9,8 @@ import pytest
 import tvm
 from tvm import te
 from tvm.s_tir import meta_schedule as ms
+
+from vtc_tvm.tuning import ms_logger_without_unnamed_handlers
 
 N = 64
 
@@ -37,6 +38,7 @@ def test_tune_reload_and_apply(tmp_path):
     # warm them up front and raise the 30 s default timeout. A partial of a stdlib function
     # pickles by reference, unlike a function of this test module, which workers cannot import.
     warm = functools.partial(importlib.import_module, "tvm.s_tir.tensor_intrin")
+    ms_logger_without_unnamed_handlers()  # pytest's capture handlers, when tests/test_tuning.py tuned first
     ms.tune_tir(
         mod=mod,
         target=target,
@@ -83,11 +85,6 @@ def test_tune_rewritten_consumer_through_relax(tmp_path):
     vmod = vtc_tvm.VirtualTensorize(strategy="all")(mod)  # at this tiny size "contiguity" declines
     target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
     warm = functools.partial(importlib.import_module, "tvm.s_tir.tensor_intrin")
-    # MetaSchedule rebuilds its logging config from the handlers already on its logger and cannot
-    # handle unnamed ones (pytest's capture handlers after an earlier tuning in this process).
-    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
-    for handler in [h for h in ms_logger.handlers if h.get_name() is None]:
-        ms_logger.removeHandler(handler)
     with target:
         fused = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                                           relax.transform.FuseOps(), relax.transform.FuseTIR()])(vmod)
@@ -95,6 +92,7 @@ def test_tune_rewritten_consumer_through_relax(tmp_path):
         kernels = [f for _, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
         assert len(kernels) == 1 and all(tuple(int(d) for d in p.shape) != (1, 4, 32, 16)
                                          for p in kernels[0].params)
+        ms_logger_without_unnamed_handlers()
         ms.relax_integration.tune_relax(
             fused, params={}, target=target, work_dir=str(tmp_path), max_trials_global=4,
             num_trials_per_iter=4, seed=0,

@@ -20,7 +20,7 @@ from tvm.support import nvcc
 import vtc_tvm.schedules as S
 from vtc_tvm.rewrite import normalize_loops
 from vtc_tvm.pipeline import _backend, cuda_target, stock_vtc_schedules_pipeline, vtc_pipeline
-from vtc_tvm.schedules import batched_gemv
+from vtc_tvm.schedules import batched_gemv, tensor_core_gemm
 from tests.conftest import run_llvm, serial_threads
 
 TARGET = cuda_target()
@@ -197,6 +197,10 @@ def test_tensor_core_gemm_needs_a_cuda_target_with_wmma():
     with old:
         assert S.TensorCoreGEMM(min_weight=1).apply(func, old, False) is None
     assert S.TensorCoreGEMM().apply(func, TARGET, False) is None  # a 512 x 256 weight: below min_weight
+    capability = tensor_core_gemm.compute_capability
+    assert [capability(tvm.target.Target({"kind": "cuda", "arch": a})) for a in ("sm_61", "sm_90", "sm_90a")] \
+        == [61, 90, 90]
+    assert capability(tvm.target.Target("llvm")) == 0
 
 
 def test_tensor_core_plan_fills_the_h200():

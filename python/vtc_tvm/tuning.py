@@ -498,13 +498,21 @@ def _progress_callback(state):
     return Progress()
 
 
-def _quiet_ms_logging():
-    """MetaSchedule's console output: warnings only (the full log stays in ``work_dir/logs``)."""
-    # MetaSchedule rebuilds its logging config from the handlers already on its logger and cannot
-    # handle unnamed ones (pytest's capture handlers, after an earlier tuning in this process).
+def ms_logger_without_unnamed_handlers() -> logging.Logger:
+    """MetaSchedule's logger, ready for another tuning in this process.
+
+    MetaSchedule rebuilds its logging config from the handlers already on its logger and cannot
+    handle unnamed ones (``AttributeError`` in ``tune``: pytest's capture handlers, after an
+    earlier tuning in the same process), so those are removed."""
     ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
     for handler in [h for h in ms_logger.handlers if h.get_name() is None]:
         ms_logger.removeHandler(handler)
+    return ms_logger
+
+
+def _quiet_ms_logging():
+    """MetaSchedule's console output: warnings only (the full log stays in ``work_dir/logs``)."""
+    ms_logger = ms_logger_without_unnamed_handlers()
     # Its console handler takes the logger's level at configuration time (it then sets DEBUG).
     if not os.environ.get("VTC_MS_VERBOSE"):
         ms_logger.setLevel(logging.WARNING)

@@ -28,6 +28,7 @@ from typing import Optional
 
 from tvm import s_tir, tirx
 from tvm.s_tir import TensorIntrin
+from tvm.support import nvcc
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
 from . import batched_gemv
@@ -201,6 +202,20 @@ def _tensorize_tiles(sch: s_tir.Schedule, block, intrin: str) -> None:
     sch.tensorize(inner[0], intrin)
 
 
+
+def compute_capability(target) -> int:
+    """``target``'s CUDA compute capability as ``10 * major + minor`` (90 for ``sm_90`` and
+    ``sm_90a``), 0 when it names no ``sm_`` arch: TVM's own parser (DLight's Matmul reads
+    ``sm_90a`` as no version at all)."""
+    arch = str(target.attrs.get("arch", ""))
+    if not arch.startswith("sm_"):
+        return 0
+    try:
+        major, minor = nvcc.parse_compute_version(nvcc.get_target_compute_version(target))
+    except (ValueError, RuntimeError):
+        return 0
+    return 10 * major + minor
+
 class TensorCoreGEMM(GPUScheduleRule):
     """WMMA schedule of a 16..64-row GEMM against a weight matrix; None ("not mine") otherwise."""
 
@@ -210,8 +225,7 @@ class TensorCoreGEMM(GPUScheduleRule):
     def apply(self, func, target, _tunable):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        arch = str(target.attrs.get("arch", ""))
-        if not (arch.startswith("sm_") and int("".join(c for c in arch[3:] if c.isdigit()) or 0) >= MIN_ARCH):
+        if compute_capability(target) < MIN_ARCH:
             return None
         try:
             prepared = batched_gemv._prepared(func)
