@@ -188,3 +188,64 @@ def test_flip_over_tile_of_symbolic_length(reps):
     for size in (1, 2, 5):
         a = rng.standard_normal(size).astype("float32")
         np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(a)).numpy(), np.tile(a, reps)[::-1])
+
+
+def _counting_down_forms():
+    i, n = tvm.tirx.Var("i", "int64"), tvm.tirx.Var("n", "int64")
+    c = lambda v: tvm.tirx.IntImm("int64", v)
+    fd, fm = tvm.tirx.floordiv, tvm.tirx.floormod
+    forms = [fd(c(k) - i, c(d)) for k in (-7, -1, 1, 5, 11) for d in (2, 3, 4)]
+    forms += [fm(c(k) - i, c(d)) for k in (-5, 2, 7) for d in (3, 4)]
+    forms += [fd(c(0) - i - c(1), c(3)) + n, fd(n * c(3) - c(1) - i, c(3)), fd(n - i, c(3)),
+              fm(n - c(1) - i, c(3)), fd(c(-6) - i * c(2), c(4)), fd(n * c(2) - c(5) - i * c(2), c(4)),
+              fd(c(7) - fd(c(11) - i, c(3)), c(2))]
+    return i, n, forms
+
+
+def test_counting_down_indices_survive_flatten_buffer():
+    """Regression (graph fuzzer, seed 915: case_3448c91982, flip over repeat of a symbolic
+    length): ``FlattenBuffer`` simplifies indices with ``IterMapSimplify``, which turns
+    ``(-1 - i) // 3 + n`` into ``i // -3 + n - 1`` (wrong for i = 1). ``lowering_safe``
+    rewrites every floordiv/floormod of a counting-down iterator so that it counts up; each
+    form here keeps its values through IterMapSimplify, at constant and symbolic offsets."""
+    from vtc_tvm.mapping import _eval_np, lowering_safe
+
+    i, n, forms = _counting_down_forms()
+    broken = 0
+    for form in forms:
+        safe = lowering_safe(form, [i])
+        for size in (1, 2, 5):
+            dom = {i: tvm.ir.Range.from_min_extent(0, n * 3)}
+            env = {i: np.arange(3 * size, dtype=np.int64), n: np.int64(size)}
+            want = _eval_np(form, env, {})
+            np.testing.assert_array_equal(_eval_np(safe, env, {}), want, err_msg=str(form))
+            flattened = tvm.sym.iter_map_simplify([safe], dom, check_level=1)[0]
+            np.testing.assert_array_equal(np.broadcast_to(_eval_np(flattened, env, {}), want.shape), want,
+                                          err_msg=f"{form} -> {safe} -> {flattened}")
+            raw = tvm.sym.iter_map_simplify([form], dom, check_level=1)[0]
+            broken += not np.array_equal(np.broadcast_to(_eval_np(raw, env, {}), want.shape), want)
+    # The workaround is still needed (TVM 0.27): when this fails, TVM fixed IterMapSimplify.
+    assert broken > 0
+
+
+def test_indices_that_count_up_or_mix_are_left_alone():
+    from vtc_tvm.mapping import lowering_safe
+
+    i, j, n = (tvm.tirx.Var(v, "int64") for v in "ijn")
+    c = lambda v: tvm.tirx.IntImm("int64", v)
+    for form in (tvm.tirx.floordiv(i + c(2), c(3)), tvm.tirx.floordiv(i - j + c(1), c(3)),
+                 tvm.tirx.floormod(i - n, c(4)), tvm.tirx.floordiv(n - c(1), c(2))):
+        assert lowering_safe(form, [i, j]).same_as(form)
+
+
+@pytest.mark.parametrize("size", [1, 2, 4])
+def test_flip_over_repeat_of_symbolic_length(size):
+    """The graph that found it, end to end on LLVM."""
+    x = relax.Var("x", relax.TensorType((n,), F32))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        out = bb.emit(relax.op.flip(bb.emit(relax.op.repeat(x, 3)), axis=0))
+        bb.emit_func_output(out)
+    vm = relax.VirtualMachine(tvm.compile(vtc_tvm.VirtualTensorize()(bb.get()), target="llvm"), tvm.cpu())
+    a = np.random.default_rng(size).standard_normal(size).astype(F32)
+    np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(a)).numpy(), np.repeat(a, 3)[::-1])

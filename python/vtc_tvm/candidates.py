@@ -729,7 +729,7 @@ def copy_kernel_of(vt) -> tuple:
                for j, s in enumerate(sources)]
     def body(part):
         at = [next(j for j, t in enumerate(sources) if t.same_as(s)) for s in part.sources]
-        return lambda *v: part.mapping.load(v, lambda j, idx: holders[at[j]](*[lowering_safe(i) for i in idx]))
+        return lambda *v: part.mapping.load(v, lambda j, idx: holders[at[j]](*[lowering_safe(i, v) for i in idx]))
 
     outs = [te.compute([_i64(dim(d)) for d in part.mapping.shape], body(part),
                        name=f"vtc_copy_{k}") for k, part in enumerate(vt)]

@@ -242,7 +242,8 @@ class Mapping:
     # -- algebra -------------------------------------------------------------------------------
     def simplify(self) -> "Mapping":
         ana = self.analyzer()
-        simplify = lambda e: lowering_safe(_nonnegative_symbolic_mods(ana.simplify(_split_mods(ana.simplify(e), ana)), ana))
+        simplify = lambda e: lowering_safe(_nonnegative_symbolic_mods(ana.simplify(_split_mods(ana.simplify(e), ana)), ana),
+                                            self.vars)
         pieces = []
         for p in self.pieces:
             cond = None if p.cond is None else ana.simplify(p.cond)
@@ -316,7 +317,7 @@ class Mapping:
         ]
         out = te.compute(
             [_i64(s) for s in self.shape],
-            lambda *v: self.load(v, lambda j, idx: placeholders[j](*[lowering_safe(i) for i in idx])),
+            lambda *v: self.load(v, lambda j, idx: placeholders[j](*[lowering_safe(i, v) for i in idx])),
             name=name,
         )
         return te.create_prim_func(placeholders + [out]).without_attr("global_symbol")
@@ -403,37 +404,66 @@ def _nonnegative_symbolic_mods(expr, ana):
     return tvm_ffi.structural_map(expr, (tirx.FloorMod, on_mod), order="post")
 
 
-def lowering_safe(expr):
-    """Rewrite ``(c - y) // d`` and ``(c - y) % d`` so the numerator cannot go negative.
+def _signed_terms(e):
+    """``e`` as ``[(coefficient, atom)]`` over its sums, differences and constant factors
+    (``atom`` None for the constant term)."""
+    if isinstance(e, tirx.IntImm):
+        return [(int(e.value), None)]
+    if isinstance(e, tirx.Add):
+        return _signed_terms(e.a) + _signed_terms(e.b)
+    if isinstance(e, tirx.Sub):
+        return _signed_terms(e.a) + [(-c, t) for c, t in _signed_terms(e.b)]
+    if isinstance(e, tirx.Mul) and isinstance(e.b, tirx.IntImm):
+        return [(c * int(e.b.value), t) for c, t in _signed_terms(e.a)]
+    if isinstance(e, tirx.Mul) and isinstance(e.a, tirx.IntImm):
+        return [(c * int(e.a.value), t) for c, t in _signed_terms(e.b)]
+    return [(1, e)]
 
-    TVM 0.27 miscompiles a floordiv whose numerator is ``constant - iterator`` on LLVM:
-    ``B[v] = A[(3 - v) // 2]`` reads ``A[(2 - v) // 2]`` (found by our differential fuzzer with
-    flip over repeat). With ``c = q*d + r``: ``(c - y) // d == q - (y + d-1-r) // d`` and
-    ``(c - y) % d == d-1 - (y + d-1-r) % d``, which lower correctly.
+
+def lowering_safe(expr, iters):
+    """Rewrite ``(s - y) // d`` and ``(s - y) % d`` (``y`` the iterator terms, all negated;
+    ``s`` constants and symbolic sizes) so that the iterators count up.
+
+    TVM 0.27's ``FlattenBuffer`` simplifies every index with ``IterMapSimplify``, which gets a
+    floordiv or floormod of a negatively scaled iterator plus an offset wrong whenever the
+    offset is not a multiple of ``d``: ``(11 - i) // 3`` becomes ``i // -3 + 3`` and
+    ``(n - i) // 3`` worse (found by our differential fuzzer on flip over repeat, seeds 912 and
+    915). With ``s = k + S`` (``k`` the constant, ``k = q*d + r``):
+    ``(s - y) // d == q - (y - S + d-1-r) // d`` and ``(s - y) % d == d-1 - (y - S + d-1-r) % d``,
+    which IterMapSimplify keeps. Numerators that mix the iterators' signs are left alone (it
+    does not simplify those). ``iters``: the loop or block variables of the indices.
     """
+    iters = list(iters)
 
-    def split(e):
-        if isinstance(e.a, tirx.Sub) and isinstance(e.a.a, tirx.IntImm) and isinstance(e.b, tirx.IntImm):
-            c, d = int(e.a.a.value), int(e.b.value)
-            if d > 0:
-                q, r = divmod(c, d)
-                shifted = e.a.b + tirx.IntImm(str(e.ty), d - 1 - r)
-                return q, d, shifted
-        return None
+    def counts_down(e):
+        if not isinstance(e.b, tirx.IntImm) or e.b.value <= 0:
+            return None
+        terms = _signed_terms(e.a)
+        moving = [c for c, t in terms
+                  if t is not None and any(v.same_as(i) for v in tirx.analysis.undefined_vars(t) for i in iters)]
+        if not moving or max(moving) > 0:
+            return None
+        d, ty = int(e.b.value), str(e.ty)
+        q, r = divmod(sum(c for c, t in terms if t is None), d)
+        scaled = lambda c, t: t if c == 1 else t * tirx.IntImm(ty, c)
+        up = None
+        for c, t in sorted((ct for ct in terms if ct[1] is not None), key=lambda ct: ct[0]):  # y first
+            up = scaled(-c, t) if up is None else up + scaled(-c, t) if c < 0 else up - scaled(c, t)
+        return q, d, up + tirx.IntImm(ty, d - 1 - r) if d - 1 - r else up
 
     def on_div(e):
-        parts = split(e)
+        parts = counts_down(e)
         if parts is None:
             return e
-        q, d, shifted = parts
-        return tirx.IntImm(str(e.ty), q) - tirx.floordiv(shifted, d)
+        q, d, up = parts
+        return tirx.IntImm(str(e.ty), q) - tirx.floordiv(up, d)
 
     def on_mod(e):
-        parts = split(e)
+        parts = counts_down(e)
         if parts is None:
             return e
-        _, d, shifted = parts
-        return tirx.IntImm(str(e.ty), d - 1) - tirx.floormod(shifted, d)
+        _, d, up = parts
+        return tirx.IntImm(str(e.ty), d - 1) - tirx.floormod(up, d)
 
     return tvm_ffi.structural_map(expr, [(tirx.FloorDiv, on_div), (tirx.FloorMod, on_mod)], order="post")
 

@@ -66,6 +66,7 @@ def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name
     sources = [new_buffer([in_func(d) for d in b.shape], b.dtype, f"{base}_src{j}")
                for j, b in enumerate(mapping.sources)]
     ana = _block_analyzer(func)
+    iters = [iv.var for block in _blocks_of(func.body) for iv in block.iter_vars]
 
     def on_load(load):
         if not load.source.same_as(param):
@@ -73,7 +74,7 @@ def inline_mapping(func: tirx.PrimFunc, param_index: int, mapping: Mapping, name
         dtype = str(load.indices[0].ty) if len(load.indices) else "int64"
         value = mapping.load(list(load.indices), lambda j, idx: tirx.BufferLoad(
             sources[j], [_cast(ana.simplify(in_func(i)), dtype) for i in idx]))
-        return lowering_safe(ana.simplify(in_func(value)))
+        return lowering_safe(ana.simplify(in_func(value)), iters)
 
     body = tvm_ffi.structural_map(func.body, (TensorLoad, on_load), order="post")
     params = list(func.params[:param_index]) + sources + list(func.params[param_index + 1 :])
