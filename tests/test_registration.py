@@ -70,3 +70,26 @@ def test_autoload_on_plain_import_tvm():
     proc = subprocess.run([sys.executable, "-c", code],
                           env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_pipeline_named_by_string_uses_the_compile_target():
+    """``tvm.compile(mod, target, relax_pipeline="vtc")`` (a name, no target): TVM runs the
+    pipeline under ``with target:``. On a GPU target every kernel must be scheduled for the
+    device, as stock's ``"default"`` is; before, the kernels stayed unbound loops that TVM
+    silently compiled for the host (a crash on the GPU). On the CPU it is the
+    target-independent build, as stock's ``"default"``, and computes the right answer."""
+    import numpy as np
+
+    from vtc_tvm.report import device_source
+
+    cuda = tvm.target.Target("nvidia/nvidia-h100")
+    for name in ("vtc", "stock_vtc_schedules"):
+        ex = tvm.compile(Tiny, target=cuda, relax_pipeline=name)
+        source = device_source(ex, "cuda")
+        assert "__global__" in source, f"{name}: no device kernel"
+        assert "blockIdx" in source or "threadIdx" in source
+    ex = tvm.compile(Tiny, target="llvm", relax_pipeline="vtc")
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((4, 8), dtype="float32"), rng.standard_normal((4, 16), dtype="float32")
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy()
+    np.testing.assert_allclose(got, x.T @ w, rtol=1e-5, atol=1e-5)

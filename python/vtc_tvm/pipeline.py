@@ -90,8 +90,10 @@ def vtc_pipeline(target=None, stores: bool = True, schedule_copies: bool = True,
     from .transform import VirtualTensorize
 
     if target is None:
-        return tvm.transform.Sequential(
-            [VirtualTensorize(**options), relax.pipeline.default_build_pipeline()], name="vtc_pipeline")
+        return _target_from_context(
+            lambda t: vtc_pipeline(t, stores, schedule_copies, schedules, **options),
+            lambda: tvm.transform.Sequential([VirtualTensorize(**options), relax.pipeline.default_build_pipeline()]),
+            "vtc_pipeline")
     target = tvm.target.Target(target)
     options.setdefault("target", target)
     options.setdefault("memory_guard", True)
@@ -107,6 +109,23 @@ def backend_passes(target: tvm.target.Target, stores: bool = True, report=None,
     return (list(backend.library_dispatch_passes(target))
             + fusion_passes(target, stores, report, schedule_copies, schedules, dlight_next=True)
             + list(backend.dataflow_lower_passes(target)) + list(backend.finalize_passes(target)))
+
+
+def _target_from_context(for_target, target_independent, name) -> tvm.transform.Pass:
+    """A pipeline named without a target (``tvm.compile(mod, target, relax_pipeline="vtc")``):
+    ``for_target(target)`` for the GPU target the pipeline runs under (``tvm.compile`` runs it
+    in ``with target:``), as ``tvm.compile`` picks the target's pipeline for ``"default"`` on GPU
+    targets; else ``target_independent()`` (no fusion, as stock's ``"default"`` on the CPU).
+    Without this, a GPU build's kernels stayed unscheduled and compiled as host loops."""
+
+    @tvm.transform.module_pass(opt_level=0, name=name)
+    def _pipeline(mod, _ctx):
+        target = tvm.target.Target.current(allow_none=True)
+        if target is not None and "gpu" in target.keys:
+            return for_target(target)(mod)
+        return target_independent()(mod)
+
+    return _pipeline
 
 
 def _in_target(target, passes, name):
@@ -129,7 +148,8 @@ def stock_vtc_schedules_pipeline(target=None) -> tvm.transform.Pass:
     """Stock TVM's default pipeline for ``target`` with :mod:`vtc_tvm.schedules`' rules before
     DLight's, and no virtual tensors (the middle column of stock / + schedules / vtc-tvm)."""
     if target is None:
-        return relax.pipeline.default_build_pipeline()
+        return _target_from_context(stock_vtc_schedules_pipeline, relax.pipeline.default_build_pipeline,
+                                    "stock_vtc_schedules")
     target = tvm.target.Target(target)
     backend = _backend(target)
     passes = (list(backend.library_dispatch_passes(target))
