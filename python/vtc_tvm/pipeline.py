@@ -84,8 +84,10 @@ def vtc_pipeline(target=None, stores: bool = True, schedule_copies: bool = True,
     ran faster and within 1e-2 of float64 with them (``benchmarks/results/schedules_h200.md``;
     some single kernels are still faster under DLight, see there); ``"dlight"`` is DLight's
     rules alone; a list of DLight rules is used as given (e.g. a rule of your own before
-    ``vtc_tvm.schedules.default_rules(target)``). Without a target the stock target-independent build pipeline follows (no fusion, as TVM's
-    own ``"default"``), and there is no store side.
+    ``vtc_tvm.schedules.default_rules(target)``). Without a target, the target ``tvm.compile``
+    runs the pipeline under decides (:func:`_target_from_context`): a GPU target's pipeline as
+    above; otherwise the stock target-independent build (no fusion, as TVM's own ``"default"``
+    on the CPU), with no store side.
     """
     from .transform import VirtualTensorize
 

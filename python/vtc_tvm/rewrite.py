@@ -529,11 +529,37 @@ def _serial_half_terms(func: tirx.PrimFunc, rule: int, sch) -> int:
     return terms
 
 
+def _portable_target():
+    from .pipeline import cuda_target
+
+    return cuda_target()
+
+
+def _first_dlight_schedules(candidates) -> tirx.PrimFunc:
+    """Without a target (the pass applied on its own, before any ``tvm.compile``): the first
+    candidate DLight's rules schedule for a CUDA GPU without raising, so that the module also
+    compiles with a GPU target's default pipeline, which runs DLight on every kernel (an
+    rms_norm read through a transposed reshape made DLight's Reduction rule raise ``KeyError``
+    there). Which rule does not matter here: that is a performance choice for a known target."""
+    target, failures = _portable_target(), []
+    with target:
+        for func in candidates:
+            try:
+                _dlight_outcome(func, target)
+                return func
+            except Exception as err:  # noqa: BLE001 - a scheduling failure rules the form out
+                lines = [ln for ln in str(err).splitlines() if ln.strip()]
+                failures.append(lines[-1][:200] if lines else type(err).__name__)
+    raise NotRewritable(f"DLight cannot schedule the rewritten consumer for a GPU (no target given): {failures[0]}")
+
+
 def check_schedulable(func: tirx.PrimFunc, target, schedules=None) -> None:
-    """On a GPU target, raise :class:`NotRewritable` unless DLight's default rules schedule
-    ``func`` (a kernel of ours with no stock counterpart to compare with); ``schedules``: as
-    :func:`_dlight_outcome`'s."""
-    if target is None or "gpu" not in target.keys:
+    """On a GPU target, or without a target (a GPU build may follow), raise
+    :class:`NotRewritable` unless DLight's default rules schedule ``func`` (a kernel of ours
+    with no stock counterpart to compare with); ``schedules``: as :func:`_dlight_outcome`'s."""
+    if target is None:
+        target = _portable_target()
+    elif "gpu" not in target.keys:
         return
     try:
         with target:
@@ -546,14 +572,16 @@ def check_schedulable(func: tirx.PrimFunc, target, schedules=None) -> None:
 def best_schedulable(original: tirx.PrimFunc, candidates, target) -> tirx.PrimFunc:
     """The candidate rewrite that DLight schedules with the most specialised rule (the earliest
     candidate among equals), provided that rule is at least as specialised as the original's (on
-    non-GPU targets: the first candidate).
+    non-GPU targets: the first candidate; without a target: :func:`_first_dlight_schedules`).
 
     A matmul whose mapped loads push it from Matmul to Fallback loses its tiling and tensor cores
     and runs far slower than the copy it saved (seen on the H200 for concat and gather reads);
     which form of a GQA read DLight accepts depends on the shape (Matmul for the split axis at
     batch 16, Reduction for the plain floordiv at batch 1), hence several candidates.
     """
-    if target is None or "gpu" not in target.keys:
+    if target is None:
+        return _first_dlight_schedules(candidates)
+    if "gpu" not in target.keys:
         return candidates[0]
     names = [type(r).__name__ for r in _dlight_rules()] + ["none"]
     with target:
