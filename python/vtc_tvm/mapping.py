@@ -441,7 +441,7 @@ def lowering_safe(expr, iters):
         terms = _signed_terms(e.a)
         moving = [c for c, t in terms
                   if t is not None and any(v.same_as(i) for v in tirx.analysis.undefined_vars(t) for i in iters)]
-        if not moving or max(moving) > 0:
+        if not moving or max(moving) >= 0:
             return None
         d, ty = int(e.b.value), str(e.ty)
         q, r = divmod(sum(c for c, t in terms if t is None), d)
