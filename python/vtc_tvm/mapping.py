@@ -446,9 +446,11 @@ def lowering_safe(expr, iters):
         d, ty = int(e.b.value), str(e.ty)
         q, r = divmod(sum(c for c, t in terms if t is None), d)
         scaled = lambda c, t: t if c == 1 else t * tirx.IntImm(ty, c)
-        up = None
-        for c, t in sorted((ct for ct in terms if ct[1] is not None), key=lambda ct: ct[0]):  # y first
-            up = scaled(-c, t) if up is None else up + scaled(-c, t) if c < 0 else up - scaled(c, t)
+        y = [scaled(-c, t) for c, t in terms if t is not None and c < 0]  # not empty: ``moving``
+        up = sum(y[1:], y[0])
+        for c, t in terms:
+            if t is not None and c > 0:
+                up = up - scaled(c, t)  # S
         return q, d, up + tirx.IntImm(ty, d - 1 - r) if d - 1 - r else up
 
     def on_div(e):

@@ -9,6 +9,7 @@ normalisation then splits block axes that the mapping divides by a constant (GQA
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import OrderedDict
 from typing import Optional
@@ -529,6 +530,7 @@ def _serial_half_terms(func: tirx.PrimFunc, rule: int, sch) -> int:
     return terms
 
 
+@functools.cache
 def _portable_target():
     from .pipeline import cuda_target
 
@@ -537,20 +539,19 @@ def _portable_target():
 
 def _first_dlight_schedules(candidates) -> tirx.PrimFunc:
     """Without a target (the pass applied on its own, before any ``tvm.compile``): the first
-    candidate DLight's rules schedule for a CUDA GPU without raising, so that the module also
-    compiles with a GPU target's default pipeline, which runs DLight on every kernel (an
-    rms_norm read through a transposed reshape made DLight's Reduction rule raise ``KeyError``
-    there). Which rule does not matter here: that is a performance choice for a known target."""
-    target, failures = _portable_target(), []
-    with target:
-        for func in candidates:
-            try:
-                _dlight_outcome(func, target)
-                return func
-            except Exception as err:  # noqa: BLE001 - a scheduling failure rules the form out
-                lines = [ln for ln in str(err).splitlines() if ln.strip()]
-                failures.append(lines[-1][:200] if lines else type(err).__name__)
-    raise NotRewritable(f"DLight cannot schedule the rewritten consumer for a GPU (no target given): {failures[0]}")
+    candidate DLight's rules schedule for a CUDA GPU without raising (:func:`check_schedulable`),
+    so that the module also compiles with a GPU target's default pipeline, which runs DLight on
+    every kernel (an rms_norm read through a transposed reshape made DLight's Reduction rule
+    raise ``KeyError`` there). Which rule does not matter here: that is a performance choice for
+    a known target."""
+    failures = []
+    for func in candidates:
+        try:
+            check_schedulable(func, None)
+            return func
+        except NotRewritable as err:
+            failures.append(err)
+    raise NotRewritable(f"{failures[0]} (the rewritten consumer, for a GPU: no target given)")
 
 
 def check_schedulable(func: tirx.PrimFunc, target, schedules=None) -> None:
