@@ -17,12 +17,19 @@ valid at every size it runs: a symbolic dimension is only ever combined with a p
 one or with a static 1, slices of a symbolic axis are never empty, a symbolic axis is split only
 into sections that provably divide it, and so on.
 
+With ``--target cuda`` the differential is the build, as no GPU runs here: stock TVM's default
+CUDA pipeline builds the graph (else it is discarded), then the ``"vtc"`` pipeline must build it
+with each strategy (DLight and our schedule rules, the source through nvcc where it is on PATH),
+the default strategy with no more kernels than stock's build. The numerics of those kernels are
+checked on the GPU only (the benchmarks and ``vtc-tvm --check``), not here.
+
 A graph is kept as the Python source that builds it (``Case.code``), so a failing example
 prints, and is saved as, a standalone script.
 
 Long campaign outside pytest::
 
     python -m tests.fuzz --graphs 2000 --seed 1 [--minutes 20] [--no-save] [--symbolic-percent 30]
+                         [--target llvm|cuda]
 
 prints the counts (generated, discarded, passed, mismatches, crashes; each also for the symbolic
 graphs alone) and writes every new, shrunk failure to ``tests/regressions/case_<hash>.py`` as a
@@ -37,6 +44,7 @@ import hashlib
 import math
 import os
 import re
+import shutil
 import sys
 import textwrap
 import time
@@ -90,6 +98,7 @@ class Case:
     ops: Tuple[str, ...] = ()
     symbols: Tuple[str, ...] = ()                 # symbolic dimensions (names in SYMBOLS)
     sizes: Tuple[Dict[str, int], ...] = ()        # concrete sizes to run at (symbolic cases)
+    target: str = "llvm"                          # "cuda": the build is the differential (no GPU here)
 
     # -- source ------------------------------------------------------------------------------
     def build_source(self) -> str:
@@ -124,6 +133,8 @@ class Case:
         src = f"INPUTS = [  # {what}\n{specs},\n]\nDATA_SEED = {self.data_seed}\n"
         if self.symbols:
             src += f"SIZES = {list(self.sizes)!r}  # run once per entry (one compiled module)\n"
+        if self.target != "llvm":
+            src += f"TARGET = {self.target!r}  # built, not run: see tests/fuzz.py's build_differential\n"
         return src
 
     def script(self) -> str:
@@ -1051,8 +1062,61 @@ def differential(mod: tvm.IRModule, arrays, strategies=STRATEGIES, reports=None)
     return results
 
 
+def _cuda_sources(ex) -> str:
+    """The CUDA source of a built executable (its device modules, imported by the host's)."""
+    found, todo = [], [ex.mod]
+    while todo:
+        m = todo.pop()
+        if m.kind == "cuda":
+            found.append(m.inspect_source())
+        todo += list(m.imports)
+    return "\n".join(found)
+
+
+def cuda_build(mod: tvm.IRModule, pipeline=None) -> int:
+    """Build ``mod`` for the H100/H200 CUDA target (``pipeline``: stock's default when None),
+    compile its source with nvcc where nvcc is on PATH, and return its number of kernels."""
+    from vtc_tvm.pipeline import cuda_target
+
+    target = cuda_target()
+    ex = tvm.compile(mod, target=target) if pipeline is None else tvm.compile(mod, target=target, relax_pipeline=pipeline)
+    src = _cuda_sources(ex)
+    if src and shutil.which("nvcc"):
+        from tvm.support import nvcc
+
+        with target:  # nvcc asks the current target for its compute version
+            nvcc.compile_cuda(src, target_format="ptx", arch="sm_90", compiler="nvcc")
+    return src.count("__global__")
+
+
+def build_differential(mod: tvm.IRModule, strategies=STRATEGIES, symbolic: bool = False):
+    """The CUDA side, where no GPU can run the kernels: stock TVM's default CUDA pipeline must
+    build the graph (else it is discarded); then the ``"vtc"`` pipeline must build it with each
+    strategy (DLight and our schedule rules, nvcc), and the default strategy with no more kernels
+    than stock (``"all"`` takes every legal edge, whatever it costs). Raise StockFailure /
+    VtcFailure."""
+    from vtc_tvm.pipeline import cuda_target, vtc_pipeline
+
+    tag = "sym:" if symbolic else ""
+    try:
+        stock = cuda_build(mod)
+    except Exception as err:  # noqa: BLE001
+        raise StockFailure(f"{type(err).__name__}: {str(err).strip().splitlines()[-1:]}") from err
+    for strategy in strategies:
+        try:
+            kernels = cuda_build(mod, vtc_pipeline(cuda_target(), strategy=strategy))
+        except Exception as err:  # noqa: BLE001
+            raise VtcFailure("crash", strategy, "cuda build", f"{type(err).__name__}: {err}",
+                             f"{tag}crash:cuda:{type(err).__name__}:{_norm(str(err))}") from err
+        if strategy == STRATEGIES[0] and kernels > stock:
+            raise VtcFailure("kernels", strategy, "cuda build", f"{kernels} CUDA kernels, stock's build has {stock}",
+                             tag + "kernels")
+
+
 def check_case(case: Case):
     mod = case.build()
+    if case.target == "cuda":
+        return build_differential(mod, symbolic=bool(case.symbols))
     return differential(mod, case.input_sets())
 
 
@@ -1140,6 +1204,9 @@ from tvm import relax
 def check_regression(module, strategy: str):
     """Run a saved regression file (its ``build``, ``INPUTS``, ``DATA_SEED`` and, for a symbolic
     case, ``SIZES``)."""
+    if getattr(module, "TARGET", "llvm") == "cuda":
+        build_differential(module.build(), strategies=(strategy,), symbolic=hasattr(module, "SIZES"))
+        return
     sets = input_sets(module.INPUTS, module.DATA_SEED, getattr(module, "SIZES", None))
     differential(module.build(), sets, strategies=(strategy,))
 
@@ -1180,11 +1247,12 @@ class Stats:
     discarded: int = 0
     passed: int = 0
     mismatches: int = 0
+    more_kernels: int = 0   # CUDA: the default strategy's build has more kernels than stock's
     crashes: int = 0
     shrink_runs: int = 0
     seconds: float = 0.0
     symbolic: Dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(
-        ("generated", "discarded", "passed", "mismatches", "crashes"), 0))   # symbolic graphs only
+        ("generated", "discarded", "passed", "mismatches", "more_kernels", "crashes"), 0))   # symbolic graphs only
 
 
 @dataclasses.dataclass
@@ -1199,8 +1267,9 @@ class Bug:
 
 class Campaign:
     def __init__(self, budget: int, deadline: float, save: bool, verbose: bool,
-                 symbolic_percent: int = SYMBOLIC_PERCENT):
+                 symbolic_percent: int = SYMBOLIC_PERCENT, target: str = "llvm"):
         self.stats = Stats()
+        self.target = target
         self.bugs: List[Bug] = []
         self.budget, self.deadline, self.save, self.verbose = budget, deadline, save, verbose
         self.symbolic_percent = symbolic_percent
@@ -1210,11 +1279,14 @@ class Campaign:
     def _known(self, failure: VtcFailure, case: Case) -> Optional[Bug]:
         ops = set(case.ops)
         for bug in self.bugs:
-            if failure.signature == bug.signature and (bug.signature != "mismatch" or bug.ops <= ops):
+            # a wrong answer (or a kernel count) is "known" only in graphs with the ops of its shrunk case
+            wrong = bug.signature.split(":")[-1] in ("mismatch", "kernels")
+            if failure.signature == bug.signature and (not wrong or bug.ops <= ops):
                 return bug
         return None
 
     def check(self, case: Case):
+        case = dataclasses.replace(case, target=self.target)
         if not self.shrinking:
             if self.stats.generated >= self.budget or time.time() > self.deadline:
                 return  # budget spent: the rest of this round is a no-op
@@ -1235,9 +1307,10 @@ class Campaign:
             assume(False)
         except VtcFailure as failure:
             if not self.shrinking:
-                if failure.kind == "mismatch":
-                    self.stats.mismatches += 1
-                    self._count_symbolic(case, "mismatches")
+                if failure.kind in ("mismatch", "kernels"):
+                    what = "mismatches" if failure.kind == "mismatch" else "more_kernels"
+                    setattr(self.stats, what, getattr(self.stats, what) + 1)
+                    self._count_symbolic(case, what)
                 else:
                     self.stats.crashes += 1
                     self._count_symbolic(case, "crashes")
@@ -1294,7 +1367,8 @@ class Campaign:
             r += 1
             s = self.stats
             print(f"[{time.time() - START:.0f}s] generated={s.generated} (symbolic {s.symbolic['generated']}) "
-                  f"discarded={s.discarded} passed={s.passed} mismatches={s.mismatches} crashes={s.crashes} "
+                  f"discarded={s.discarded} passed={s.passed} mismatches={s.mismatches} more_kernels={s.more_kernels} "
+                  f"crashes={s.crashes} "
                   f"bugs={len(self.bugs)}", flush=True)
 
 
@@ -1311,9 +1385,11 @@ def main(argv=None):
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument("--symbolic-percent", type=int, default=SYMBOLIC_PERCENT,
                     help=f"share of graphs with symbolic dimensions (default {SYMBOLIC_PERCENT})")
+    ap.add_argument("--target", choices=("llvm", "cuda"), default="llvm",
+                    help="llvm: built and run against stock; cuda: built only (see build_differential)")
     args = ap.parse_args(argv)
     camp = Campaign(args.graphs, START + args.minutes * 60, not args.no_save, args.verbose,
-                    args.symbolic_percent)
+                    args.symbolic_percent, args.target)
     camp.run(args.seed)
     s = camp.stats
     print("\n==== summary ====")
@@ -1322,6 +1398,7 @@ def main(argv=None):
     print(f"discarded   {s.discarded}   (stock TVM failed; symbolic: {sy['discarded']})")
     print(f"passed      {s.passed}   (symbolic: {sy['passed']})")
     print(f"mismatches  {s.mismatches}   (symbolic: {sy['mismatches']})")
+    print(f"more kernels {s.more_kernels}   (CUDA builds; symbolic: {sy['more_kernels']})")
     print(f"crashes     {s.crashes}   (symbolic: {sy['crashes']})")
     print(f"shrink runs {s.shrink_runs}")
     print(f"time        {time.time() - START:.0f}s")

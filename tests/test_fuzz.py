@@ -3,8 +3,10 @@
 The campaign is derandomized (fixed examples on every run). About a third of the graphs have
 symbolic dimensions and run at 2-3 concrete sizes from one compiled module. ~0.4 s per graph on
 a 2-core machine: 300 graphs take about 2 minutes. ``VTC_FUZZ_EXAMPLES`` overrides the count.
+A second, smaller campaign builds the graphs for CUDA (``VTC_FUZZ_CUDA_EXAMPLES``, default 20).
 """
 
+import dataclasses
 import glob
 import importlib.util
 import os
@@ -16,13 +18,10 @@ from .fuzz import (REGRESSION_DIR, StockFailure, VtcFailure, check_case, check_r
                    graphs)
 
 EXAMPLES = int(os.environ.get("VTC_FUZZ_EXAMPLES", "300"))
+CUDA_EXAMPLES = int(os.environ.get("VTC_FUZZ_CUDA_EXAMPLES", "20"))  # ~2 s a graph (three CUDA builds)
 
 
-@pytest.mark.slow
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck), print_blob=False)
-@given(graphs())
-def test_fuzz_stock_vs_vtc(case):
+def _check(case):
     try:
         check_case(case)
     except StockFailure:
@@ -30,6 +29,24 @@ def test_fuzz_stock_vs_vtc(case):
     except VtcFailure as failure:
         note(describe(case, failure))
         raise
+
+
+@pytest.mark.slow
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck), print_blob=False)
+@given(graphs())
+def test_fuzz_stock_vs_vtc(case):
+    _check(case)
+
+
+@pytest.mark.slow
+@settings(max_examples=CUDA_EXAMPLES, deadline=None, derandomize=True, database=None,
+          suppress_health_check=list(HealthCheck), print_blob=False)
+@given(graphs())
+def test_fuzz_cuda_builds(case):
+    """The GPU path without a GPU: stock's CUDA build against the "vtc" pipeline's (each
+    strategy builds, nvcc accepts the source, no more kernels than stock)."""
+    _check(dataclasses.replace(case, target="cuda"))
 
 
 def _regressions():
