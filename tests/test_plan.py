@@ -11,7 +11,8 @@ from tvm import relax
 import tvm.relax.op as R
 
 import vtc_tvm
-from vtc_tvm import candidates, solver
+from vtc_tvm import candidates, cost, solver
+from vtc_tvm.plan import copy_saved
 from tests.conftest import emit, make_module, param, random_inputs, run
 from tests.test_core_pass import assert_outputs_equal
 
@@ -49,9 +50,9 @@ def test_split_feeding_reshapes_is_planned_conflict_free_and_correct(rng):
 
 def _grown_cache(past, k, q):
     """A decode step's grown cache: ``concat(past, k)`` returned in a tuple and read by a
-    matmul through a reshape."""
+    matmul through a transpose and an elementwise op."""
     cache = emit(R.concat([past, emit(R.exp(k))], axis=0))
-    return R.matmul(q, emit(R.reshape(cache, (8, 16)))), cache
+    return R.matmul(q, emit(R.negative(emit(R.permute_dims(cache, [1, 0]))))), cache
 
 
 def test_outputs_returned_in_a_tuple_are_physical_from_the_first_walk(rng):
@@ -297,3 +298,34 @@ def test_cached_rule_mapping_keeps_argument_aliasing(rng):
     inputs = random_inputs(params, rng)
     want, got = run(mod, inputs), run(vtc_tvm.VirtualTensorize(target=LLVM)(mod), inputs)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def _reshapes_into_matmuls(x, y, w):
+    """The o-projection of attention reading ``reshape(heads)`` (a free view: stock TVM copies
+    nothing), and one reading ``reshape(transpose(heads))`` (a real copy, which the reshape keeps
+    alive unless its reader reads through both)."""
+    free = emit(R.reshape(emit(R.exp(x)), (8, 256)))
+    moved = emit(R.reshape(emit(R.permute_dims(emit(R.exp(y)), [1, 0, 2])), (8, 256)))
+    return R.add(emit(R.matmul(free, w)), emit(R.matmul(moved, w)))
+
+
+@pytest.mark.parametrize("target, free_taken", [(LLVM, False), (vtc_tvm.pipeline.cuda_target(), True)])
+def test_free_views_are_credited_by_target_and_composed_reshapes_by_their_copy(target, free_taken, rng):
+    params = [((8, 4, 64), F32), ((4, 8, 64), F32), ((256, 32), F32)]
+    mod = make_module(params, _reshapes_into_matmuls)
+    p = vtc_tvm.plan(mod, target)
+    reshapes = [n for n in p.graph.nodes if n.op == "relax.reshape"]
+    free = next(n for n in reshapes if n.free_view)
+    moved = next(n for n in reshapes if not n.free_view)
+    # On the CPU the index arithmetic a reshape adds to a GEMM's loop is not free: no credit,
+    # the reshape stays the view stock makes of it. On GPUs a token credit takes it.
+    assert copy_saved(free, target) == cost.view_credit(target)
+    assert (free.var in p.physical) is not free_taken
+    # The reshape of the transpose saves the transpose's copy (the same bytes), not a token.
+    assert copy_saved(moved, target) == cost.copy_saving(moved.bytes, target)
+    (edge,) = [e for e in p.graph.edges if e.kind == "load" and e.src == moved.id]
+    assert edge.chosen and edge.cost.kernels == -1 and edge.cost.gain_us > 1.0, edge.cost
+    if target.kind.name == "llvm":
+        out = vtc_tvm.VirtualTensorize(target=target)(mod)
+        inputs = random_inputs(params, rng)
+        assert_outputs_equal(run(out, inputs), run(mod, inputs))

@@ -10,7 +10,7 @@ from tvm import relax
 import vtc_tvm
 from vtc_tvm.profile import EdgeProfiler
 
-from .conftest import make_module, run
+from .conftest import emit, make_module, run
 
 R = relax.op
 F32 = "float32"
@@ -159,3 +159,20 @@ def test_shipped_measurements_reach_the_benchmark_kernels():
     assert len(measured) >= 3, report
     gemm = [r for r in measured if r["consumer"] == "matmul" and not r["virtual"]]
     assert len(gemm) == 1 and "> copy" in gemm[0]["reason"], measured
+
+
+@pytest.mark.parametrize("virtual_us, taken", [(10.1, True), (10.3, False), (14.0, False)])
+def test_a_free_view_is_measured_against_the_consumer_alone(virtual_us, taken, rng):
+    """A reshape of a physical tensor is a free view in stock TVM (no copy kernel): reading
+    through it pays off only if the rewritten consumer is not slower than the original, whatever
+    a copy of it would have cost (before: 14 us <= copy 5 + consumer 10 took it)."""
+    mod = make_module([((4, 32), F32), ((16, 4), F32)],
+                      lambda x, w: R.matmul(R.reshape(emit(R.exp(x)), (8, 16)), w))
+    profiler = _FixedTimes(virtual_us)
+    report = []
+    out = vtc_tvm.VirtualTensorize(profile=profiler, report=report)(mod)
+    (entry,) = [r for r in report if r["consumer"].startswith("matmul")]
+    assert entry["virtual"] is taken, entry
+    assert "a free view: no copy to save" in entry["reason"], entry
+    inputs = [rng.standard_normal((4, 32)).astype(F32), rng.standard_normal((16, 4)).astype(F32)]
+    np.testing.assert_allclose(run(out, inputs)[0], run(mod, inputs)[0], rtol=1e-6, atol=1e-6)

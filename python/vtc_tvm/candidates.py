@@ -275,6 +275,7 @@ class Node:
     dtype: str
     bytes: Optional[int]  # None for symbolic shapes
     movement: bool = False
+    free_view: bool = False  # a reshape-like op of tensors that stay physical: no copy in stock either
     position: int = 0     # binding order within its function
     onnx_node: Optional[str] = None
 

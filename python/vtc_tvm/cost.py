@@ -8,6 +8,9 @@ Analytic, per target kind (:data:`TARGETS`, data not code):
   shorter than one coalesced transaction costs the transactions it wastes
   (``B x (coalescing / run_bytes - 1) / bandwidth``, from :func:`vtc_tvm.analysis.contiguity`),
   and indirect reads pay the index loads;
+* a free view (a reshape of a tensor that stays physical: stock TVM makes it a view, no copy)
+  saves nothing but a per-target credit (``view_us``); a reshape composed through a virtual
+  movement result saves the copy that would otherwise stay (:mod:`vtc_tvm.plan`);
 * fusion lost: a consumer whose op pattern FuseOps fuses (elementwise/broadcast) that the
   rewrite turns into a pattern it does not fuse the same way (injective, opaque) becomes a kernel
   of its own: +1 launch and a write + read of its output.
@@ -33,10 +36,14 @@ from typing import Optional
 
 from .analysis import BROADCAST
 
-# bytes/us, us per launch, bytes per coalesced transaction
+# bytes/us, us per launch, bytes per coalesced transaction, and the credit for reading through a
+# free view (a reshape of a physical tensor, which stock TVM does not copy either): on GPUs a
+# token, so that such reads are taken where they cost nothing; on CPUs none, as the index
+# arithmetic they add to the consumer's loop is not free there (an o-projection reading through
+# the attention's reshape, ``k // 64, k % 64``: 2.6% slower, cost_calibration_llvm.md)
 TARGETS = {
-    "cuda": dict(bandwidth=1.3e6, launch_us=2.8, coalescing=128),  # H200 copy kernels, fitted (calibrate_cost)
-    "llvm": dict(bandwidth=2.0e4, launch_us=0.5, coalescing=64),   # ~20 GB/s, one cache line
+    "cuda": dict(bandwidth=1.3e6, launch_us=2.8, coalescing=128, view_us=1e-3),  # H200 copies, fitted (calibrate_cost)
+    "llvm": dict(bandwidth=2.0e4, launch_us=0.5, coalescing=64, view_us=0.0),    # ~20 GB/s, one cache line
 }
 _DEFAULT = TARGETS["cuda"]
 
@@ -63,6 +70,11 @@ def copy_saving(nbytes: Optional[int], target) -> float:
     """Time of the copy kernel that materialises ``nbytes``: read + write, plus a launch."""
     c = constants(target)
     return 2 * (nbytes or 0) / c["bandwidth"] + c["launch_us"]
+
+
+def view_credit(target) -> float:
+    """What reading through a free view saves (see :data:`TARGETS`)."""
+    return constants(target)["view_us"]
 
 
 def read_penalty(nbytes: Optional[int], contig, dtype_bytes: int, target) -> float:
@@ -103,4 +115,4 @@ def edge_cost(share: float, nbytes: Optional[int], out_bytes: Optional[int], con
     return EdgeCost(gain, kernels, -memory_freed, detail)
 
 
-__all__ = ["TARGETS", "EdgeCost", "constants", "copy_saving", "read_penalty", "fusion_lost", "edge_cost"]
+__all__ = ["TARGETS", "EdgeCost", "constants", "copy_saving", "view_credit", "read_penalty", "fusion_lost", "edge_cost"]

@@ -43,7 +43,7 @@ from .analysis import INJECTIVE, OPAQUE, OUT_EWISE_FUSABLE, op_pattern
 from .candidates import (Edge, Graph, Node, Walker, cached_contiguity, cached_op_pattern, cached_rewrite, copy_kernel,
                          materialise_directly, fuses_into_copy, shaped, store_edges, VIEW_OPS, _op_name)
 from .mapping import VirtualTensor
-from .cost import EdgeCost, copy_saving, edge_cost
+from .cost import EdgeCost, copy_saving, edge_cost, view_credit
 from .rewrite import NotRewritable
 from .strategy import Decision, by_contiguity, get_strategy
 
@@ -51,7 +51,6 @@ logger = logging.getLogger("vtc_tvm")
 MAX_STEPS = 4  # materialisation fixed point: each step only adds physical tensors
 _TILED_OPS = {"relax.matmul", "relax.nn.conv1d", "relax.nn.conv2d", "relax.nn.conv3d", "relax.linear",
               "relax.nn.conv2d_transpose"}
-_VIEW_BONUS_US = 1e-3  # a reshape is free in stock; reading through it still simplifies the graph
 
 
 @mutator
@@ -137,6 +136,10 @@ class Collector(Walker):
             self.kept_reads[binding.var] = list(relax.analysis.free_vars(binding.value))
         self.composed_of[binding.var] = composed
         self.destinations.append(binding.var)
+        # A reshape of what stays physical is a free view in stock too; one composed through a
+        # virtual movement result (reshape(transpose(x))) is not: kept, it keeps that copy alive.
+        node.free_view = _op_name(binding.value) in VIEW_OPS and \
+            set(self.sources[binding.var]) <= set(self.kept_reads[binding.var])
 
     def finish_function(self, func):
         # Store candidates once the whole function is walked: whether every reader of a source
@@ -198,7 +201,7 @@ class Collector(Walker):
                 rewritten = got
                 after = int(got.attrs["op_pattern"]) if got.attrs and "op_pattern" in got.attrs else pattern
                 if self.profiler is not None and self.profiler.covers(func):
-                    measured = self.profiler.compare(func, copy_kernel(vt.mapping), got)
+                    measured = self.profiler.compare(func, copy_kernel(vt.mapping), got, src.free_view)
                     if measured is not None:
                         verdict = Decision(measured[0], f"{verdict.reason}; {measured[1]}")
                     elif self.profiler.unmeasured is not None:
@@ -470,8 +473,8 @@ def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objectiv
                     e.reason = (f"{e.verdict.reason} (the tensor is materialised too: {why})" if every else
                                 f"{e.verdict.reason}; but the tensor stays materialised ({why})")
             continue
-        view = node.op in VIEW_OPS
-        saving = _VIEW_BONUS_US if view else copy_saving(node.bytes, tgt)
+        view = node.free_view
+        saving = copy_saved(node, tgt)
         share = saving / len(group)
         ids = []
         for k, e in enumerate(group):
@@ -553,6 +556,12 @@ def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objectiv
         if e is not None:
             row["virtual"], row["reason"] = e.chosen, e.reason
     return p
+
+
+def copy_saved(node: Node, tgt) -> float:
+    """What making ``node`` virtual saves (before the reads through it are priced): its copy
+    kernel, or for a free view only the target's credit (:func:`vtc_tvm.cost.view_credit`)."""
+    return view_credit(tgt) if node.free_view else copy_saving(node.bytes, tgt)
 
 
 def _offer_stores(graph, collector, tgt, first_load, offered, gain, kernels, memory, requires,

@@ -53,10 +53,16 @@ def target_key(target) -> str:
     return str(target)
 
 
-def verdict(times, tolerance: float) -> Tuple[bool, str]:
+def verdict(times, tolerance: float, free_view: bool = False) -> Tuple[bool, str]:
     """``(take, reason)`` from ``[copy_us, consumer_us, virtual_us]``: take the edge iff the
-    rewritten consumer is not slower than copy + consumer (within ``tolerance``)."""
+    rewritten consumer is not slower than copy + consumer (within ``tolerance``). For a free
+    view (a reshape stock TVM does not copy either) the copy is not saved: only the consumer
+    counts."""
     copy_us, consumer_us, virtual_us = times
+    if free_view:
+        take = virtual_us <= consumer_us * (1 + tolerance)
+        return take, (f"profiled: {virtual_us:.1f} us {'<=' if take else '>'} consumer {consumer_us:.1f} us "
+                      "(a free view: no copy to save)")
     take = virtual_us <= (copy_us + consumer_us) * (1 + tolerance)
     return take, (f"profiled: {virtual_us:.1f} us {'<=' if take else '>'} copy {copy_us:.1f} + "
                   f"consumer {consumer_us:.1f} us")
@@ -116,9 +122,10 @@ class EdgeProfiler:
             raise RuntimeError(f"profiling needs a {self.target.kind.name} device and none is visible")
         self._cache: Dict[int, float] = {}
 
-    def compare(self, original: tirx.PrimFunc, copy: tirx.PrimFunc,
-                rewritten: tirx.PrimFunc) -> Optional[Tuple[bool, str]]:
-        """``(take, reason)``, or None when a kernel cannot be profiled (symbolic shapes)."""
+    def compare(self, original: tirx.PrimFunc, copy: tirx.PrimFunc, rewritten: tirx.PrimFunc,
+                free_view: bool = False) -> Optional[Tuple[bool, str]]:
+        """``(take, reason)``, or None when a kernel cannot be profiled (symbolic shapes).
+        ``free_view``: the tensor is a reshape stock TVM does not copy (:func:`verdict`)."""
         key = ProfileDB.key(original, copy, rewritten, self.target)
         times = self.db.get(key)
         if times is None:
@@ -126,7 +133,7 @@ class EdgeProfiler:
             if any(t is None for t in times):
                 return None
             self.db.put(key, times)
-        return verdict(times, self.tolerance)
+        return verdict(times, self.tolerance, free_view)
 
     def time_us(self, func: tirx.PrimFunc) -> Optional[float]:
         """Median run time of ``func`` alone, in microseconds (None for symbolic shapes, and
@@ -188,12 +195,12 @@ class MeasuredEdges:
             entries.update({k: v for k, v in _read_entries(path).items() if k.endswith(suffix)})
         return cls(target, entries) if entries else None
 
-    def compare(self, original: tirx.PrimFunc, copy: tirx.PrimFunc,
-                rewritten: tirx.PrimFunc) -> Optional[Tuple[bool, str]]:
+    def compare(self, original: tirx.PrimFunc, copy: tirx.PrimFunc, rewritten: tirx.PrimFunc,
+                free_view: bool = False) -> Optional[Tuple[bool, str]]:
         times = self.entries.get(ProfileDB.key(original, copy, rewritten, self.target))
         if times is None:
             return None
-        take, reason = verdict(times, self.tolerance)
+        take, reason = verdict(times, self.tolerance, free_view)
         return take, reason.replace("profiled:", "measured before:", 1)
 
 
