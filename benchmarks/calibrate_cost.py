@@ -175,7 +175,12 @@ NOTES = {
             "slower are CPU kernels whose index arithmetic costs more than the copy saved (an o-projection "
             "reading through the attention's reshape, `k // 64, k % 64` in its reduction: 2.6% slower on "
             "a 2.8 ms GEMM, against a 1.5 us copy), which the analytic model does not price; "
-            "`VirtualTensorize(profile=True)` (`vtc-tvm ... --profile`) measures them on the machine.",
+            "`VirtualTensorize(profile=True)` (`vtc-tvm ... --profile`) measures them on the machine. Free "
+            "views (a reshape of a tensor that stays physical, which stock TVM does not copy either) get no "
+            "credit on the CPU (`cost.TARGETS['llvm']['view_us'] = 0`): of the 24 distinct ones measured "
+            "here (session 15), reading through them ran up to 93% slower (a decode layer's kernel at "
+            "batch 16, 2.9 -> 5.6 us) and at best 1.5% faster (EfficientViT attention's conv at batch 16), "
+            "so they stay the views stock makes; the model's 'skips' above are mostly these.",
 }
 
 
