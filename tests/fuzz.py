@@ -20,8 +20,8 @@ into sections that provably divide it, and so on.
 With ``--target cuda`` the differential is the build, as no GPU runs here: stock TVM's default
 CUDA pipeline builds the graph (else it is discarded), then the ``"vtc"`` pipeline must build it
 with each strategy (DLight and our schedule rules, the source through nvcc where it is on PATH),
-the default strategy with no more kernels than stock's build. The numerics of those kernels are
-checked on the GPU only (the benchmarks and ``vtc-tvm --check``), not here.
+the default strategy launching no more kernels and planning no more memory than stock. The
+numerics of those kernels are checked on the GPU only (the benchmarks and ``vtc-tvm --check``).
 
 A graph is kept as the Python source that builds it (``Case.code``), so a failing example
 prints, and is saved as, a standalone script.
@@ -1073,9 +1073,9 @@ def _cuda_sources(ex) -> str:
     return "\n".join(found)
 
 
-def cuda_build(mod: tvm.IRModule, pipeline=None) -> int:
-    """Build ``mod`` for the H100/H200 CUDA target (``pipeline``: stock's default when None),
-    compile its source with nvcc where nvcc is on PATH, and return its number of kernels."""
+def cuda_build(mod: tvm.IRModule, pipeline=None) -> None:
+    """Build ``mod`` for the H100/H200 CUDA target (``pipeline``: stock's default when None) and
+    compile its source with nvcc where nvcc is on PATH."""
     from vtc_tvm.pipeline import cuda_target
 
     target = cuda_target()
@@ -1086,31 +1086,39 @@ def cuda_build(mod: tvm.IRModule, pipeline=None) -> int:
 
         with target:  # nvcc asks the current target for its compute version
             nvcc.compile_cuda(src, target_format="ptx", arch="sm_90", compiler="nvcc")
-    return src.count("__global__")
 
 
 def build_differential(mod: tvm.IRModule, strategies=STRATEGIES, symbolic: bool = False):
     """The CUDA side, where no GPU can run the kernels: stock TVM's default CUDA pipeline must
     build the graph (else it is discarded); then the ``"vtc"`` pipeline must build it with each
-    strategy (DLight and our schedule rules, nvcc), and the default strategy with no more kernels
-    than stock (``"all"`` takes every legal edge, whatever it costs). Raise StockFailure /
-    VtcFailure."""
+    strategy (DLight and our schedule rules, nvcc), and the default strategy must launch no more
+    kernels and plan no more memory than stock (:func:`vtc_tvm.report.kernel_census`; ``"all"``
+    takes every legal edge, whatever it costs). Raise StockFailure / VtcFailure."""
     from vtc_tvm.pipeline import cuda_target, vtc_pipeline
+    from vtc_tvm.report import kernel_census
 
+    target = cuda_target()
     tag = "sym:" if symbolic else ""
     try:
-        stock = cuda_build(mod)
+        cuda_build(mod)
+        stock = kernel_census(mod, target)
     except Exception as err:  # noqa: BLE001
         raise StockFailure(f"{type(err).__name__}: {str(err).strip().splitlines()[-1:]}") from err
     for strategy in strategies:
         try:
-            kernels = cuda_build(mod, vtc_pipeline(cuda_target(), strategy=strategy))
+            cuda_build(mod, vtc_pipeline(target, strategy=strategy))
+            if strategy != STRATEGIES[0]:
+                continue
+            ours = kernel_census(vtc_tvm.VirtualTensorize(target=target, memory_guard=True)(mod), target, stores=True)
         except Exception as err:  # noqa: BLE001
             raise VtcFailure("crash", strategy, "cuda build", f"{type(err).__name__}: {err}",
                              f"{tag}crash:cuda:{type(err).__name__}:{_norm(str(err))}") from err
-        if strategy == STRATEGIES[0] and kernels > stock:
-            raise VtcFailure("kernels", strategy, "cuda build", f"{kernels} CUDA kernels, stock's build has {stock}",
-                             tag + "kernels")
+        if ours["kernels"] > stock["kernels"]:
+            raise VtcFailure("worse", strategy, "census", f"{ours['kernels']} kernels launched, stock "
+                             f"{stock['kernels']}", tag + "kernels")
+        if None not in (ours["planned_bytes"], stock["planned_bytes"]) and ours["planned_bytes"] > stock["planned_bytes"]:
+            raise VtcFailure("worse", strategy, "census", f"{ours['planned_bytes']} planned bytes, stock "
+                             f"{stock['planned_bytes']}", tag + "memory")
 
 
 def check_case(case: Case):
@@ -1247,12 +1255,12 @@ class Stats:
     discarded: int = 0
     passed: int = 0
     mismatches: int = 0
-    more_kernels: int = 0   # CUDA: the default strategy's build has more kernels than stock's
+    worse: int = 0   # CUDA: the default strategy launches more kernels or plans more memory than stock
     crashes: int = 0
     shrink_runs: int = 0
     seconds: float = 0.0
     symbolic: Dict[str, int] = dataclasses.field(default_factory=lambda: dict.fromkeys(
-        ("generated", "discarded", "passed", "mismatches", "more_kernels", "crashes"), 0))   # symbolic graphs only
+        ("generated", "discarded", "passed", "mismatches", "worse", "crashes"), 0))   # symbolic graphs only
 
 
 @dataclasses.dataclass
@@ -1280,7 +1288,7 @@ class Campaign:
         ops = set(case.ops)
         for bug in self.bugs:
             # a wrong answer (or a kernel count) is "known" only in graphs with the ops of its shrunk case
-            wrong = bug.signature.split(":")[-1] in ("mismatch", "kernels")
+            wrong = bug.signature.split(":")[-1] in ("mismatch", "kernels", "memory")
             if failure.signature == bug.signature and (not wrong or bug.ops <= ops):
                 return bug
         return None
@@ -1307,8 +1315,8 @@ class Campaign:
             assume(False)
         except VtcFailure as failure:
             if not self.shrinking:
-                if failure.kind in ("mismatch", "kernels"):
-                    what = "mismatches" if failure.kind == "mismatch" else "more_kernels"
+                if failure.kind in ("mismatch", "worse"):
+                    what = "mismatches" if failure.kind == "mismatch" else "worse"
                     setattr(self.stats, what, getattr(self.stats, what) + 1)
                     self._count_symbolic(case, what)
                 else:
@@ -1367,7 +1375,7 @@ class Campaign:
             r += 1
             s = self.stats
             print(f"[{time.time() - START:.0f}s] generated={s.generated} (symbolic {s.symbolic['generated']}) "
-                  f"discarded={s.discarded} passed={s.passed} mismatches={s.mismatches} more_kernels={s.more_kernels} "
+                  f"discarded={s.discarded} passed={s.passed} mismatches={s.mismatches} worse={s.worse} "
                   f"crashes={s.crashes} "
                   f"bugs={len(self.bugs)}", flush=True)
 
@@ -1398,7 +1406,7 @@ def main(argv=None):
     print(f"discarded   {s.discarded}   (stock TVM failed; symbolic: {sy['discarded']})")
     print(f"passed      {s.passed}   (symbolic: {sy['passed']})")
     print(f"mismatches  {s.mismatches}   (symbolic: {sy['mismatches']})")
-    print(f"more kernels {s.more_kernels}   (CUDA builds; symbolic: {sy['more_kernels']})")
+    print(f"worse       {s.worse}   (CUDA: more kernels or planned memory than stock; symbolic: {sy['worse']})")
     print(f"crashes     {s.crashes}   (symbolic: {sy['crashes']})")
     print(f"shrink runs {s.shrink_runs}")
     print(f"time        {time.time() - START:.0f}s")

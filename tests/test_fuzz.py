@@ -45,7 +45,7 @@ def test_fuzz_stock_vs_vtc(case):
 @given(graphs())
 def test_fuzz_cuda_builds(case):
     """The GPU path without a GPU: stock's CUDA build against the "vtc" pipeline's (each
-    strategy builds, nvcc accepts the source, no more kernels than stock)."""
+    strategy builds, nvcc accepts the source, no more kernels nor planned memory than stock)."""
     _check(dataclasses.replace(case, target="cuda"))
 
 
