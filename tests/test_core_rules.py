@@ -470,3 +470,24 @@ def test_zero_dim_mappings(params, body, op, rng):
     (got,) = apply_rule(mod, op, inputs)
     np.testing.assert_array_equal(got, run(mod, inputs, fused=False)[0])
     contiguity(_rule_mapping(params, body, op))
+
+
+@pytest.mark.parametrize("indices", [[3], [1, 5], [2]])
+def test_split_indices_past_the_end_are_clipped_as_relax_does(indices, rng):
+    """Relax clips split indices to the axis (``split(x[2], [3])``: parts of 2 and 0). Graph fuzz
+    (CUDA, seed 918) found our rule giving the first part 3 elements, and composing it raised.
+    Stock TVM 0.27 itself fails to lower such a split on LLVM ("cannot make uint from negative
+    value"), so numpy is the reference."""
+    import tvm.relax.op as R
+
+    from .conftest import emit
+
+    def body(x):
+        parts = emit(R.split(emit(R.exp(x)), indices, axis=0))
+        first = emit(relax.TupleGetItem(parts, 0))
+        return R.negative(emit(R.permute_dims(emit(R.permute_dims(first, [0])), [0])))
+
+    mod = make_module([((2,), "float32")], body)
+    out = vtc_tvm.VirtualTensorize(target=LLVM)(mod)
+    (x,) = random_inputs([((2,), "float32")], rng)
+    np.testing.assert_allclose(run(out, [x])[0], -np.exp(x)[:min(indices[0], 2)], rtol=1e-6)

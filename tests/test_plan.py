@@ -329,3 +329,20 @@ def test_free_views_are_credited_by_target_and_composed_reshapes_by_their_copy(t
         out = vtc_tvm.VirtualTensorize(target=target)(mod)
         inputs = random_inputs(params, rng)
         assert_outputs_equal(run(out, inputs), run(mod, inputs))
+
+
+def test_a_free_view_of_a_constant_is_read_through_on_the_cpu_too(rng):
+    """A reshaped weight (ONNX models carry weights as constants): kept, FoldConstant would build
+    and run a kernel for it at compile time (1.7 s of ShuffleNetV2's CPU compile), so its reader
+    reads the constant through the mapping on every target."""
+    w = relax.const(rng.standard_normal((4, 8)).astype(F32))
+    params = [((3, 32), F32)]
+    mod = make_module(params, lambda x: R.matmul(x, emit(R.reshape(w, (32, 1)))))
+    p = vtc_tvm.plan(mod, LLVM)
+    (view,) = [n for n in p.graph.nodes if n.op == "relax.reshape"]
+    assert view.free_view and view.of_constants
+    assert copy_saved(view, LLVM) == cost.CONSTANT_VIEW_US > cost.view_credit(LLVM)
+    assert view.var not in p.physical
+    out = vtc_tvm.VirtualTensorize(target=LLVM)(mod)
+    inputs = random_inputs(params, rng)
+    assert_outputs_equal(run(out, inputs), run(mod, inputs))

@@ -276,6 +276,7 @@ class Node:
     bytes: Optional[int]  # None for symbolic shapes
     movement: bool = False
     free_view: bool = False  # a reshape-like op of tensors that stay physical: no copy in stock either
+    of_constants: bool = False  # a movement result of constants only (FoldConstant would fold it)
     position: int = 0     # binding order within its function
     onnx_node: Optional[str] = None
 

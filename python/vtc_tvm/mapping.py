@@ -32,6 +32,8 @@ INDEX_DTYPE = "int64"
 def _i64(x) -> tvm.ir.Expr:
     if isinstance(x, int):
         return tirx.IntImm(INDEX_DTYPE, x)
+    if isinstance(x, tirx.IntImm) and str(x.ty) != INDEX_DTYPE:
+        return tirx.IntImm(INDEX_DTYPE, x.value)
     if str(x.ty) != INDEX_DTYPE:
         return tirx.Cast(INDEX_DTYPE, x)
     return x
@@ -288,7 +290,9 @@ class Mapping:
                 pieces.append(Piece(src, tuple(rebind(e) for e in p.indices), cond, p.value))
                 continue
             outer_idx = [rebind(e) for e in p.indices]
-            vmap = dict(zip(inner.vars, outer_idx))
+            # int64 as inner's variables: an axis of extent 1 simplifies to an int32 0 (the
+            # analyzer's ranges start at a Python 0), which a symbolic inner index cannot add to
+            vmap = dict(zip(inner.vars, [_i64(e) for e in outer_idx]))
             for q in inner.pieces:
                 q_cond = None if q.cond is None else _rebind_loads(
                     _substitute(q.cond, vmap), inner.sources,

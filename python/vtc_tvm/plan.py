@@ -140,6 +140,7 @@ class Collector(Walker):
         # virtual movement result (reshape(transpose(x))) is not: kept, it keeps that copy alive.
         node.free_view = _op_name(binding.value) in VIEW_OPS and \
             set(self.sources[binding.var]) <= set(self.kept_reads[binding.var])
+        node.of_constants = all(isinstance(s, tvm.ir.Constant) for c in parts for s in c.sources)
 
     def finish_function(self, func):
         # Store candidates once the whole function is walked: whether every reader of a source
@@ -561,7 +562,7 @@ def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objectiv
 def copy_saved(node: Node, tgt) -> float:
     """What making ``node`` virtual saves (before the reads through it are priced): its copy
     kernel, or for a free view only the target's credit (:func:`vtc_tvm.cost.view_credit`)."""
-    return view_credit(tgt) if node.free_view else copy_saving(node.bytes, tgt)
+    return view_credit(tgt, node.of_constants) if node.free_view else copy_saving(node.bytes, tgt)
 
 
 def _offer_stores(graph, collector, tgt, first_load, offered, gain, kernels, memory, requires,

@@ -202,12 +202,13 @@ def _split(call):
         n = int(parts)
         size = math.ceil(in_shape[axis] / n)
         bounds = [min(i * size, in_shape[axis]) for i in range(n)]
-    else:
-        bounds = [0] + _ints(parts)
+    else:  # indices as numpy takes them: negative ones from the end, past the end clipped
+        n = in_shape[axis]
+        bounds = [0] + [min(max(i + n if i < 0 else i, 0), n) for i in _ints(parts)]
     dtype = dtype_of(x)
     outs = []
     for k, start in enumerate(bounds):
-        stop = bounds[k + 1] if k + 1 < len(bounds) else in_shape[axis]
+        stop = max(bounds[k + 1] if k + 1 < len(bounds) else in_shape[axis], start)
         shape = list(in_shape)
         shape[axis] = stop - start
         outs.append(VirtualTensor(Mapping.view(shape, dtype, in_shape, lambda *v, s=start: [
