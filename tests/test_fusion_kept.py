@@ -56,8 +56,11 @@ def test_conv_bias_add_stays_in_the_conv_epilogue(rng, constants, target):
     stock, vtc = kernel_census(mod, target), kernel_census(vtc_mod, target, stores=True)
     assert vtc["kernels"] <= stock["kernels"], (stock, vtc, report)
     assert vtc["data_movement"] <= stock["data_movement"]
-    if not constants:  # the bias reshapes of parameters are read through, not copied
-        assert any(d["virtual"] and d["consumer"] == "add" for d in report), report
+    if not constants:  # the bias reshapes of parameters: free views, no copy either way
+        # read through on GPUs (a token credit); on the CPU left to the view stock makes of them,
+        # as the index arithmetic costs there (vtc_tvm.cost.TARGETS)
+        read_through = any(d["virtual"] and d["consumer"] == "add" for d in report)
+        assert read_through is (target.kind.name == "cuda"), report
 
 
 def test_espcn_numerics_and_kernels_on_the_vtc_pipeline(rng):
