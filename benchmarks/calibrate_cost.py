@@ -36,7 +36,7 @@ import tvm_ffi
 
 import vtc_tvm
 from vtc_tvm import candidates, cost
-from vtc_tvm.profile import EdgeProfiler, MeasuredEdges, ProfileDB, verdict
+from vtc_tvm.profile import EdgeProfiler, MeasuredEdges, ProfileDB, kept_us, verdict
 
 RESULTS = Path(__file__).resolve().parent / "results"
 # per target kind: the workloads' sizes and dtype, and the file stem of the result
@@ -145,8 +145,8 @@ def fit(points, kind: str = "cuda") -> dict:
 
 
 def measured_gain(p) -> float:
-    """copy + consumer - rewritten; a free view saves no copy (stock TVM makes none)."""
-    return (0.0 if p.get("free_view") else p["copy_us"]) + p["consumer_us"] - p["virtual_us"]
+    """What the tensor costs kept physical (a free view: no copy) minus the rewritten consumer."""
+    return kept_us([p["copy_us"], p["consumer_us"], p["virtual_us"]], p.get("free_view", False)) - p["virtual_us"]
 
 
 def agreement(points) -> dict:

@@ -53,19 +53,23 @@ def target_key(target) -> str:
     return str(target)
 
 
+def kept_us(times, free_view: bool = False) -> float:
+    """What the tensor costs where it stays physical, from ``[copy_us, consumer_us, virtual_us]``:
+    its copy and the consumer, or for a free view (a reshape stock TVM does not copy either) the
+    consumer alone."""
+    copy_us, consumer_us, _ = times
+    return consumer_us if free_view else copy_us + consumer_us
+
+
 def verdict(times, tolerance: float, free_view: bool = False) -> Tuple[bool, str]:
     """``(take, reason)`` from ``[copy_us, consumer_us, virtual_us]``: take the edge iff the
-    rewritten consumer is not slower than copy + consumer (within ``tolerance``). For a free
-    view (a reshape stock TVM does not copy either) the copy is not saved: only the consumer
-    counts."""
+    rewritten consumer is not slower than what the tensor costs kept physical (:func:`kept_us`,
+    within ``tolerance``)."""
     copy_us, consumer_us, virtual_us = times
-    if free_view:
-        take = virtual_us <= consumer_us * (1 + tolerance)
-        return take, (f"profiled: {virtual_us:.1f} us {'<=' if take else '>'} consumer {consumer_us:.1f} us "
-                      "(a free view: no copy to save)")
-    take = virtual_us <= (copy_us + consumer_us) * (1 + tolerance)
-    return take, (f"profiled: {virtual_us:.1f} us {'<=' if take else '>'} copy {copy_us:.1f} + "
-                  f"consumer {consumer_us:.1f} us")
+    take = virtual_us <= kept_us(times, free_view) * (1 + tolerance)
+    kept = (f"consumer {consumer_us:.1f} us (a free view: no copy to save)" if free_view else
+            f"copy {copy_us:.1f} + consumer {consumer_us:.1f} us")
+    return take, f"profiled: {virtual_us:.1f} us {'<=' if take else '>'} {kept}"
 
 
 class ProfileDB:
