@@ -19,16 +19,22 @@ import runpy
 import sys
 
 
-def main() -> None:
-    if len(sys.argv) < 3:
-        sys.exit(__doc__.split("\n\n")[1])
-    root, module = os.path.abspath(sys.argv[1]), sys.argv[2]
+def use_checkout(root: str) -> None:
+    """Import ``vtc_tvm`` (and ``benchmarks``) from the checkout at ``root`` from now on."""
+    root = os.path.abspath(root)
     sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__module__]
     sys.path[:0] = [os.path.join(root, "python"), root]
     import vtc_tvm
 
     if not os.path.abspath(vtc_tvm.__file__).startswith(root + os.sep):
         sys.exit(f"vtc_tvm was imported from {vtc_tvm.__file__}, not from {root}")
+
+
+def main() -> None:
+    if len(sys.argv) < 3:
+        sys.exit(__doc__.split("\n\n")[1])
+    root, module = sys.argv[1], sys.argv[2]
+    use_checkout(root)
     sys.argv = [module] + sys.argv[3:]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -1,6 +1,7 @@
 """Compile time, stock TVM vs the ``"vtc"`` pipeline (issue 12).
 
     python -m benchmarks.compile_time [--repeat 3] [--targets llvm,cuda] [--models ...] [--layers 1,4,16,32]
+                                      [--first cuda:llama_decode:1,cuda:llama_decode:16]
 
 writes ``benchmarks/results/compile_time.json`` and ``.md``:
 
@@ -15,12 +16,17 @@ writes ``benchmarks/results/compile_time.json`` and ``.md``:
 * the pass alone (``VirtualTensorize`` with the pipeline's options, CUDA target: DLight's rule
   check included) on 1/4/16/32 small Llama-style layers inlined into one ``main``.
 
-Every vtc compile is cold: the pass's caches are cleared first (``candidates.clear_caches``), as
-in a fresh process. Runs are interleaved (stock, vtc, stock, ...) and the medians of wall time
-and of process CPU time are reported: the machine is shared, so CPU time (work done, whatever
-the contention) is the steadier of the two; the load average is recorded. The model import and
-TVM's one-time import of its tensor intrinsics (DLight's first tensor-core match: ~35 s here)
-happen before any timing.
+* first compiles (``--first``): one compile in a fresh process for each variant, as a user's
+  first ``tvm.compile`` costs, one-time imports included (TVM's tensor intrinsics: 6-25 s here
+  when imported; the batch-16 decode layer is where stock imports none and vtc used to, until
+  :mod:`vtc_tvm.schedules.wmma`). ``--first-root`` runs another checkout's code (a before run).
+
+Every vtc compile of the first two tables is cold: the pass's caches are cleared first
+(``candidates.clear_caches``), as in a fresh process. Runs are interleaved (stock, vtc, stock, ...)
+and the medians of wall time and of process CPU time are reported: the machine is shared, so CPU
+time (work done, whatever the contention) is the steadier of the two; the load average is
+recorded. In those two tables the model import and TVM's one-time import of its tensor
+intrinsics (DLight's first tensor-core match) happen before any timing; the third has them.
 """
 
 from __future__ import annotations
@@ -147,8 +153,50 @@ def pass_by_layers(layers, repeat: int) -> list:
     return rows
 
 
-def _commit() -> str:
-    here = Path(__file__).parent
+# One compile in this fresh process, of a workload at real size, with the code of the checkout at
+# ROOT (benchmarks/at_checkout.py): prints its wall and CPU seconds as JSON.
+_FIRST_COMPILE = """
+import json, runpy, sys, time
+runpy.run_path({at_checkout!r})["use_checkout"]({root!r})
+import tvm
+from tvm import relax
+from vtc_tvm.pipeline import cuda_target, vtc_pipeline
+from benchmarks.workloads import WORKLOADS
+wl = WORKLOADS[{name!r}]
+mod = wl.build(wl.config("real", {batch}, "float16" if {target!r} == "cuda" else "float32"))
+target = cuda_target() if {target!r} == "cuda" else tvm.target.Target({target!r})
+pipeline = relax.get_default_pipeline(target) if {variant!r} == "stock" else vtc_pipeline(target)
+wall, cpu = time.perf_counter(), time.process_time()
+tvm.compile(mod, target=target, relax_pipeline=pipeline)
+print(json.dumps({{"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}}))
+"""
+
+
+def first_compiles(cases, repeat: int, root: str) -> list:
+    """Per ``target:workload:batch`` case, the medians of ``repeat`` first compiles in fresh
+    processes, stock and vtc interleaved."""
+    at_checkout = str(Path(__file__).resolve().parent / "at_checkout.py")
+    rows = []
+    for case in cases:
+        target, name, batch = case.split(":")
+        row = {"target": target, "model": name, "batch": int(batch), "runs": {"stock": [], "vtc": []}}
+        for _ in range(repeat):
+            for variant in row["runs"]:
+                code = _FIRST_COMPILE.format(at_checkout=at_checkout, root=root, name=name, batch=int(batch),
+                                             target=target, variant=variant)
+                out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+                t = json.loads(out.stdout.strip().splitlines()[-1])
+                row["runs"][variant].append([round(t["wall_s"], 3), round(t["cpu_s"], 3)])
+        for variant, runs in row["runs"].items():
+            row[f"{variant}_wall_s"] = statistics.median(r[0] for r in runs)
+            row[f"{variant}_cpu_s"] = statistics.median(r[1] for r in runs)
+        row["ratio_wall"] = row["vtc_wall_s"] / row["stock_wall_s"]
+        print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
+        rows.append(row)
+    return rows
+
+
+def _commit(here=Path(__file__).parent) -> str:
     sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=here).stdout
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
                            text=True, cwd=here).stdout.strip()
@@ -187,6 +235,13 @@ def _tables(data: dict) -> list:
                "Llama-style layers inlined into one `main`, cold:", "",
                "| layers | pass wall s | pass CPU s |", "|---|---|---|"]
         md += [f"| {r['layers']} | {r['pass_wall_s']:.2f} | {r['pass_cpu_s']:.2f} |" for r in data["pass_by_layers"]]
+    if data.get("first_compiles"):
+        md += ["", f"First compile in a fresh process (one-time imports included; code of "
+               f"{data.get('first_root_commit', data['commit'])}), real size, float16 on CUDA:", "",
+               "| target | workload | batch | stock wall s | vtc wall s | vtc / stock (wall) | stock CPU s | vtc CPU s |",
+               "|---|---|---|---|---|---|---|---|"]
+        md += [f"| {r['target']} | {r['model']} | {r['batch']} | {r['stock_wall_s']:.2f} | {r['vtc_wall_s']:.2f} | "
+               f"{r['ratio_wall']:.2f}x | {r['stock_cpu_s']:.2f} | {r['vtc_cpu_s']:.2f} |" for r in data["first_compiles"]]
     return md
 
 
@@ -196,6 +251,10 @@ def main(argv=None):
     ap.add_argument("--targets", default=",".join(TARGETS))
     ap.add_argument("--models", default=",".join(MODELS), help="'' for none")
     ap.add_argument("--layers", default="1,4,16,32", help="'' for none")
+    ap.add_argument("--first", default="cuda:llama_decode:1,cuda:llama_decode:16",
+                    help="target:workload:batch cases compiled once in fresh processes ('' for none)")
+    ap.add_argument("--first-root", default=str(Path(__file__).resolve().parent.parent),
+                    help="the checkout whose code the fresh processes run (default: this one)")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--before", help="a compile_time.json of an earlier commit, shown below (its 'commit' and "
                                      "'note' keys say what it is)")
@@ -225,10 +284,12 @@ def main(argv=None):
             print(json.dumps({k: v for k, v in row.items() if k != "runs"}), flush=True)
             compiles.append(row)
     layers = pass_by_layers([int(k) for k in args.layers.split(",") if k], args.repeat)
+    first = first_compiles([c for c in args.first.split(",") if c], args.repeat, args.first_root)
     data = {"commit": _commit(), "command": "python -m benchmarks.compile_time " + " ".join(
         sys.argv[1:] if argv is None else argv), "tvm": tvm.__version__, "host": platform.node(),
         "cpus": os.cpu_count(), "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
-        "repeat": args.repeat, "compiles": compiles, "pass_by_layers": layers}
+        "repeat": args.repeat, "compiles": compiles, "pass_by_layers": layers, "first_compiles": first,
+        "first_root_commit": _commit(args.first_root)}
     if args.before:
         data["before"] = json.loads(Path(args.before).read_text())
     out.mkdir(parents=True, exist_ok=True)

@@ -64,3 +64,19 @@ def test_cpu_bench_times_a_model_through_the_cli(tmp_path):
     assert len(row["run_speedups"]) == 2
     assert all(row["round_ratio_min"] <= x <= row["round_ratio_max"] for x in row["run_speedups"])
     assert "| shufflenet_unit |" in (tmp_path / "cpu_bench.md").read_text()
+
+
+def test_compile_time_first_compiles_run_a_checkouts_code_in_fresh_processes():
+    """benchmarks.compile_time --first: each compile in a process of its own, with the code of
+    the checkout named (here this one), stock and vtc, medians and the ratio."""
+    import os
+
+    from benchmarks import compile_time
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    (row,) = compile_time.first_compiles(["llvm:llama_decode:1"], 1, root)
+    assert (row["target"], row["model"], row["batch"]) == ("llvm", "llama_decode", 1)
+    for variant in ("stock", "vtc"):
+        (run,) = row["runs"][variant]
+        assert run[0] > 0 and row[f"{variant}_wall_s"] == run[0]
+    assert row["ratio_wall"] == row["vtc_wall_s"] / row["stock_wall_s"]

@@ -27,11 +27,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 from tvm import s_tir, tirx
-from tvm.s_tir import TensorIntrin
 from tvm.support import nvcc
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
-from . import batched_gemv
+from . import batched_gemv, wmma
 
 MMA = 16  # the WMMA tile: 16x16x16
 # Target knowledge as data: WMMA fp16 -> float32 needs sm_70 or newer.
@@ -54,27 +53,21 @@ class TCTiling:
     split: int = 2
 
 
-def _intrin(name: str, pair) -> str:
-    """Register ``pair`` (desc, impl) under ``name`` once."""
-    if TensorIntrin.get(name, allow_missing=True) is None:
-        TensorIntrin.register(name, *pair)
-    return name
-
-
 def _intrinsics(weight_rows_are_cols: bool) -> dict:
-    """The WMMA intrinsics of the schedule: the weight's fragments load from global memory
-    (row-major ``W[k, n]`` or, transposed, ``W[n, k]``), the float32 fragments store to global."""
-    from tvm.s_tir.tensor_intrin import cuda as tc
-
-    trans = not weight_rows_are_cols
+    """The WMMA intrinsics of the schedule (:mod:`.wmma`): the rows' fragments load from dynamic
+    shared memory, the weight's straight from global memory (row-major ``W[k, n]`` or, transposed,
+    ``W[n, k]``), the float32 fragments store to global."""
+    trans = "_trans" if not weight_rows_are_cols else ""
     return {
-        "load_a": tc.WMMA_LOAD_16x16x16_F16_A_DYN_INTRIN,
-        "load_b": _intrin("vtc_wmma_load_16x16x16_f16_b" + ("_trans" if trans else "") + "_global",
-                          tc.get_wmma_load_intrin(MMA, MMA, MMA, "float16", "global", True, trans)),
-        "store": _intrin("vtc_wmma_store_16x16x16_f32_global",
-                         tc.get_wmma_store_intrin(MMA, MMA, MMA, "float32", "global")),
-        "init": tc.WMMA_FILL_16x16x16_F32_INTRIN,
-        "compute": tc.WMMA_SYNC_16x16x16_f16f16f32_TRANS_INTRIN if trans else tc.WMMA_SYNC_16x16x16_f16f16f32_INTRIN,
+        "load_a": wmma.intrinsic("wmma_load_16x16x16_f16_a_shared_dyn", "get_wmma_load_intrin",
+                                 MMA, MMA, MMA, "float16", "shared.dyn", False, False),
+        "load_b": wmma.intrinsic(f"wmma_load_16x16x16_f16_b{trans}_global", "get_wmma_load_intrin",
+                                 MMA, MMA, MMA, "float16", "global", True, bool(trans)),
+        "store": wmma.intrinsic("wmma_store_16x16x16_f32_global", "get_wmma_store_intrin",
+                                MMA, MMA, MMA, "float32", "global"),
+        "init": wmma.intrinsic("wmma_fill_16x16x16_f32", "get_wmma_fill_intrin", MMA, MMA, MMA, "float32"),
+        "compute": wmma.intrinsic(f"wmma_sync_16x16x16_f16f16f32{trans}", "get_wmma_sync_intrin",
+                                  MMA, MMA, MMA, "float16", "float32", bool(trans)),
     }
 
 
