@@ -46,6 +46,7 @@ from tvm import relax
 
 import vtc_tvm  # noqa: F401
 from vtc_tvm import candidates, models
+from vtc_tvm.errors import last_line
 from vtc_tvm.pipeline import cuda_target, vtc_pipeline
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -184,7 +185,9 @@ def first_compiles(cases, repeat: int, root: str) -> list:
             for variant in row["runs"]:
                 code = _FIRST_COMPILE.format(at_checkout=at_checkout, root=root, name=name, batch=int(batch),
                                              target=target, variant=variant)
-                out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+                out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+                if out.returncode:
+                    raise RuntimeError(f"{case} {variant} in a fresh process: {last_line(out.stderr)}")
                 t = json.loads(out.stdout.strip().splitlines()[-1])
                 row["runs"][variant].append([round(t["wall_s"], 3), round(t["cpu_s"], 3)])
         for variant, runs in row["runs"].items():

@@ -27,6 +27,10 @@ _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 # TVM's OpPatternKind (include/tvm/relax/op_attr_types.h)
 ELEMWISE, BROADCAST, INJECTIVE, COMM_REDUCE, OUT_EWISE_FUSABLE, OPAQUE = 0, 1, 2, 3, 4, 8
 
+# Reshape-like Relax ops: stock TVM (RewriteDataflowReshape) makes a lone one a view of its
+# input, no copy kernel; materialised, they stay as they are.
+VIEW_OPS = frozenset({"relax.reshape", "relax.flatten", "relax.squeeze", "relax.expand_dims"})
+
 
 def _non_root_blocks(func):
     blocks = []

@@ -48,8 +48,8 @@ from tvm.ir import Op
 from tvm.relax.expr_functor import PyExprMutator
 
 from . import inplace as inplace_updates
-from .analysis import (BROADCAST, COMM_REDUCE, OUT_EWISE_FUSABLE, call_tir_kernel, contiguity, index_copy_mapping,
-                       index_copy_mappings, op_pattern)
+from .analysis import (BROADCAST, COMM_REDUCE, OUT_EWISE_FUSABLE, VIEW_OPS, call_tir_kernel, contiguity,
+                       index_copy_mapping, index_copy_mappings, op_pattern)
 from .mapping import Mapping, Piece, VirtualTensor, _i64, _rebind_loads, dim, _substitute, is_static, lowering_safe, new_buffer
 from .rewrite import NotRewritable, best_schedulable, check_schedulable, clear_schedule_cache, rewritten_forms
 from .rules import Unsupported, get_rule, is_builtin_rule
@@ -59,8 +59,6 @@ from .strategy import Decision, pins_too_much
 logger = logging.getLogger("vtc_tvm")
 
 CALL_TIR = Op.get("relax.call_tir")
-# Reshape-like ops stay as they are when materialised: stock TVM turns them into free views.
-VIEW_OPS = {"relax.reshape", "relax.flatten", "relax.squeeze", "relax.expand_dims"}
 # Ops whose stock legalization is missing or broken in TVM 0.27: materialise our copy kernel.
 OWN_COPY_OPS = {"relax.nn.pixel_shuffle"}
 

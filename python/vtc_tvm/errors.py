@@ -1,4 +1,5 @@
-"""Exit codes of the ``vtc-tvm`` command line and the error that carries one.
+"""Exit codes of the ``vtc-tvm`` command line, the error that carries one, and the one-line form
+of an error message (:func:`last_line`).
 
 ====  ===============================================================================
 code  meaning
@@ -52,6 +53,13 @@ class UserError(Exception):
     def __init__(self, message: str, code: ExitCode):
         super().__init__(message)
         self.code = ExitCode(code)
+
+
+def last_line(err, limit: int = 200) -> str:
+    """The last non-blank line of ``err``'s message, at most ``limit`` characters: TVM's errors end
+    with their message, after a traceback. The exception's type name when the message is empty."""
+    lines = [ln for ln in str(err).splitlines() if ln.strip()]
+    return lines[-1].strip()[:limit] if lines else type(err).__name__
 
 
 def from_input_error(err) -> UserError:

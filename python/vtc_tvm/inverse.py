@@ -29,6 +29,7 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
+from .errors import last_line
 from .mapping import Mapping, _i64, _substitute, is_static
 
 StoreIndex = Callable[[list], list]
@@ -65,7 +66,7 @@ class PieceBox:
             inverse = tirx.IndexMap(list(self.vars), list(self.src_index), None).inverse(
                 [_i64(n) for n in self.extents])
         except RuntimeError as err:
-            raise NotOneToOne(f"the mapping is not one-to-one onto its source ({_last_line(err)})") from None
+            raise NotOneToOne(f"the mapping is not one-to-one onto its source ({last_line(err)})") from None
         src_vars = list(inverse.initial_indices)
         ana = _bound(src_vars, src_shape)
         at_u = dict(zip(self.vars, inverse.final_indices))
@@ -220,6 +221,3 @@ def _residue(v, n, region, index_vars, shape):
     return 1, 0
 
 
-def _last_line(err) -> str:
-    lines = [ln for ln in str(err).splitlines() if ln.strip()]
-    return lines[-1][:160] if lines else type(err).__name__

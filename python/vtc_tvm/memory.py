@@ -58,13 +58,11 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir import Op
 
-from .analysis import OPAQUE, op_pattern
+from .analysis import OPAQUE, VIEW_OPS, op_pattern
 
 logger = logging.getLogger("vtc_tvm")
 CALL_TIR = Op.get("relax.call_tir")
 CALL_TIR_INPLACE = Op.get("relax.call_tir_inplace")
-# Reshape-like ops: RewriteDataflowReshape makes a lone one a view of its input.
-VIEW_OPS = {"relax.reshape", "relax.flatten", "relax.squeeze", "relax.expand_dims"}
 # Copies every element of whose sources lands once in the output: the store side can invert them.
 ONE_TO_ONE_OPS = VIEW_OPS | {"relax.concat", "relax.permute_dims"}
 MATCH_RANGE = 16  # TokenAllocator1D::match_range_

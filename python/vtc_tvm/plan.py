@@ -39,9 +39,9 @@ from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
 
 from . import memory, solver
-from .analysis import INJECTIVE, OPAQUE, OUT_EWISE_FUSABLE, op_pattern
+from .analysis import INJECTIVE, OPAQUE, OUT_EWISE_FUSABLE, VIEW_OPS, op_pattern
 from .candidates import (Edge, Graph, Node, Walker, cached_contiguity, cached_op_pattern, cached_rewrite, copy_kernel,
-                         materialise_directly, fuses_into_copy, shaped, store_edges, VIEW_OPS, _op_name)
+                         materialise_directly, fuses_into_copy, shaped, store_edges, _op_name)
 from .mapping import VirtualTensor
 from .cost import EdgeCost, copy_saving, edge_cost, view_credit
 from .rewrite import NotRewritable

@@ -22,6 +22,7 @@ from tvm.s_tir import SBlock
 from tvm.s_tir.analysis import get_sblock_read_write_region, verify_well_formed
 
 from .analysis import INJECTIVE, OPAQUE, _non_root_blocks, op_pattern
+from .errors import last_line
 from .mapping import Mapping, _substitute, lowering_safe, new_buffer
 
 MAPPING_ATTR = "vtc.virtual_inputs"
@@ -566,8 +567,7 @@ def check_schedulable(func: tirx.PrimFunc, target, schedules=None) -> None:
         with target:
             _dlight_outcome(func, target, schedules)
     except Exception as err:  # noqa: BLE001 - any failure means: do not use this kernel
-        lines = [ln for ln in str(err).splitlines() if ln.strip()]
-        raise NotRewritable(f"DLight cannot schedule the kernel: {lines[-1][:200] if lines else type(err).__name__}") from None
+        raise NotRewritable(f"DLight cannot schedule the kernel: {last_line(err)}") from None
 
 
 def best_schedulable(original: tirx.PrimFunc, candidates, target) -> tirx.PrimFunc:
@@ -609,8 +609,7 @@ def best_schedulable(original: tirx.PrimFunc, candidates, target) -> tirx.PrimFu
                 else:
                     outcomes.append(_dlight_outcome(func, target))  # recorded by _dlight_rule_below
             except Exception as err:  # noqa: BLE001 - a scheduling failure rules the form out
-                lines = [ln for ln in str(err).splitlines() if ln.strip()]
-                outcomes.append(lines[-1][:200] if lines else type(err).__name__)
+                outcomes.append(last_line(err))
                 continue
             if outcomes[-1][0] == 0 and outcomes[-1][1] < SERIAL_HALF_TERMS:
                 break  # the most specialised rule, never refused: no later form can be preferred

@@ -75,6 +75,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .errors import last_line
+
 logger = logging.getLogger(__name__)
 
 # A partial of a stdlib function pickles by reference, so build workers can run it whatever
@@ -491,7 +493,7 @@ def _progress_callback(state):
                     t = sum(float(s) for s in r.run_secs) / len(r.run_secs)
                     state["best"] = min(state["best"], t)
                 elif r.error_msg and not state.get("error"):
-                    state["error"] = str(r.error_msg).strip().splitlines()[-1][:200]
+                    state["error"] = last_line(r.error_msg)
             if state.get("bar") is not None:
                 state["bar"].update(len(measure_candidates))
 
@@ -580,8 +582,7 @@ def _tune_one(ctx, work_dir, settings, builder, runner, db, bar=None):
             measure_callbacks=list(ms.measure_callback.MeasureCallback.create("default")) + [_progress_callback(state)])
         return state, state.get("error", "")
     except Exception as e:  # noqa: BLE001 - an untunable task falls back (other space, then DLight)
-        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
-        return state, f"{type(e).__name__}: {lines[-1][:200] if lines else ''}"
+        return state, f"{type(e).__name__}: {last_line(e)}"
 
 
 def baseline_rules(baseline, target) -> list:
