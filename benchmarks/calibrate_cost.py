@@ -116,7 +116,7 @@ def predicted_gain(graph, e, target) -> float:
     group = [x for x in graph.edges if x.kind == "load" and x.src == e.src]
     share = copy_saved(node, target) / len(group)
     dtype_bytes = max(tvm.runtime.DataType(node.dtype).bits // 8, 1) if node.dtype else 4
-    return cost.edge_cost(share, node.bytes, out.bytes, e.contiguity, dtype_bytes, e.fused_before, e.fused_after,
+    return cost.edge_cost(share, node.cost_bytes, out.cost_bytes, e.contiguity, dtype_bytes, e.fused_before, e.fused_after,
                           getattr(e, "behind_tiled", False), target, 0, 0).gain_us
 
 

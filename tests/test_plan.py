@@ -346,3 +346,46 @@ def test_a_free_view_of_a_constant_is_read_through_on_the_cpu_too(rng):
     out = vtc_tvm.VirtualTensorize(target=LLVM)(mod)
     inputs = random_inputs(params, rng)
     assert_outputs_equal(run(out, inputs), run(mod, inputs))
+
+
+def test_largest_bytes_puts_symbolic_dimensions_at_their_bounds():
+    n, b = tvm.tirx.Var("n", "int64"), tvm.tirx.Var("b", "int64")
+    i64 = lambda v: tvm.tirx.IntImm("int64", v)
+    assert cost.largest_bytes((i64(3), i64(4)), "float16", {}) == 24
+    assert cost.largest_bytes((n, i64(64)), "float16", {}) == cost.SYMBOLIC_EXTENT * 64 * 2
+    assert cost.largest_bytes((n + 1, b * 2), "float32", {"n": 100, "b": 3}) == 101 * 6 * 4
+
+
+def _narrow_module(n, bound=None):
+    """A transpose whose source rows are 2 elements, summed: read through it, the reduction wastes
+    most of each transaction (the read penalty outgrows the copy's bytes), a loss per byte."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((n, 2), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.permute_dims(x, [1, 0]))
+            out = bb.emit_output(bb.emit(relax.op.sum(y, axis=[0])))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    return mod if bound is None else tvm.IRModule({"main": mod["main"].with_attr("tir_var_upper_bound", {"n": bound})})
+
+
+def test_a_symbolic_tensor_is_costed_at_its_largest_size():
+    """A gain is a launch plus a per-byte term: decided at the largest size, a read that loses per
+    byte stays physical (without a bound: symbolic sizes reach SYMBOLIC_EXTENT), and with a
+    declared bound the symbolic graph decides as its static instance at that bound does (before,
+    symbolic tensors were costed at zero bytes: the launch alone, always taken)."""
+    target = vtc_tvm.pipeline.cuda_target()
+    n = tvm.tirx.Var("n", "int64")
+
+    def load_edge(mod):
+        (edge,) = [e for e in vtc_tvm.plan(mod, target).graph.edges if e.kind == "load"]
+        return edge
+
+    unbounded = load_edge(_narrow_module(n))
+    assert not unbounded.chosen and unbounded.cost.gain_us < 0, unbounded.cost
+    for size in (64, 65536):
+        static, bounded = load_edge(_narrow_module(size)), load_edge(_narrow_module(n, bound=size))
+        assert static.chosen and bounded.chosen
+        assert bounded.cost.gain_us == pytest.approx(static.cost.gain_us)
+        assert bounded.cost.memory == 0  # the memory prediction is static only

@@ -50,6 +50,7 @@ from tvm.relax.expr_functor import PyExprMutator
 from . import inplace as inplace_updates
 from .analysis import (BROADCAST, COMM_REDUCE, OUT_EWISE_FUSABLE, VIEW_OPS, call_tir_kernel, contiguity,
                        index_copy_mapping, index_copy_mappings, op_pattern)
+from .cost import largest_bytes
 from .mapping import Mapping, Piece, VirtualTensor, _i64, _rebind_loads, dim, _substitute, is_static, lowering_safe, new_buffer
 from .rewrite import NotRewritable, best_schedulable, check_schedulable, clear_schedule_cache, rewritten_forms
 from .rules import Unsupported, get_rule, is_builtin_rule
@@ -272,6 +273,7 @@ class Node:
     shape: tuple
     dtype: str
     bytes: Optional[int]  # None for symbolic shapes
+    cost_bytes: Optional[int] = None  # at the largest size (cost.largest_bytes): what time costs use
     movement: bool = False
     free_view: bool = False  # a reshape-like op of tensors that stay physical: no copy in stock either
     of_constants: bool = False  # a movement result of constants only (FoldConstant would fold it)
@@ -326,6 +328,8 @@ class Graph:
     _ops: Dict[str, int] = field(default_factory=dict)
     # var -> the value bound to it (set by the walk): names a part of a tuple by the op that made it
     value_of: Optional[Callable] = None
+    # symbolic variable name -> the upper bound its function declares (tir_var_upper_bound)
+    upper_bounds: Dict[str, int] = field(default_factory=dict)
 
     def node(self, var, value=None, position=0) -> Node:
         if var in self.by_var:
@@ -340,15 +344,17 @@ class Graph:
         k = self._ops.get(short, 0)
         self._ops[short] = k + 1
         ty = var.ty
-        shape, dtype, size = (), "", None
+        shape, dtype, size, largest = (), "", None, None
         if isinstance(ty, relax.TensorType):
             dtype = str(ty.dtype)
             if isinstance(ty.shape, relax.ShapeExpr):
                 shape = tuple(int(d) if isinstance(d, tvm.tirx.IntImm) else str(d) for d in ty.shape.values)
                 if all(isinstance(d, int) for d in shape):
-                    size = _prod(shape) * max(tvm.runtime.DataType(dtype).bits // 8, 1) if dtype else None
+                    size = largest = _prod(shape) * max(tvm.runtime.DataType(dtype).bits // 8, 1) if dtype else None
+                elif dtype:
+                    largest = largest_bytes(ty.shape.values, dtype, self.upper_bounds)
         node = Node(len(self.nodes), var, f"{short}#{k}" if value is not None else var.name, op, shape, dtype,
-                    size, position=position, onnx_node=_onnx_name(var))
+                    size, largest, position=position, onnx_node=_onnx_name(var))
         self.nodes.append(node)
         self.by_var[var] = node
         return node

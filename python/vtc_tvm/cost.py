@@ -25,8 +25,14 @@ whole models changed with the fit); other GPUs get the same numbers and the CPU'
 (one DDR channel set); 2. an edge's ``memory`` is the buffer it frees, an additive proxy the solver sums (for
 ``objective="memory"``); the planned bytes of a whole plan, with the sources it keeps alive and
 the planner's packing, are :mod:`vtc_tvm.memory`'s prediction, which the plan's memory constraint
-uses; 3. symbolic shapes have no byte counts and are costed at zero bytes (only the kernel launch
-counts).
+uses; 3. a symbolic tensor is costed at its largest size (:func:`largest_bytes`): each symbolic
+dimension at the upper bound its function declares (``tir_var_upper_bound``, the attribute
+TVM's ``StaticPlanBlockMemory`` reads), else at :data:`SYMBOLIC_EXTENT` (2^20). A gain is a
+launch plus a per-byte term, so one that is positive at the largest size is positive at every
+smaller size; a read that loses per byte stays physical unless a declared bound keeps its bytes
+below what the launch saves (at small sizes such a read could have saved a launch: the plan is
+then no faster than stock there, never slower). Its ``memory`` counts zero bytes (the memory
+prediction is static only).
 """
 
 from __future__ import annotations
@@ -34,7 +40,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import tvm
+from tvm import tirx
+
 from .analysis import BROADCAST
+from .mapping import dim
 
 # bytes/us, us per launch, bytes per coalesced transaction, and the credit for reading through a
 # free view (a reshape of a physical tensor, which stock TVM does not copy either): on GPUs a
@@ -64,6 +74,28 @@ class EdgeCost:
     memory: int
     detail: str
     measured: bool = False
+
+
+# The extent a symbolic dimension is costed at when its function declares no upper bound: large
+# enough that the bytes moved outweigh any launch, so that the decision holds at every size.
+SYMBOLIC_EXTENT = 1 << 20
+
+
+def largest_bytes(shape, dtype: str, upper_bounds: dict) -> Optional[int]:
+    """Bytes of a ``dtype`` tensor of ``shape`` (a Relax shape's values) with each symbolic
+    variable at ``upper_bounds[name]`` or :data:`SYMBOLIC_EXTENT`; None if a dimension does not
+    evaluate to a constant."""
+    ana, n = tvm.sym.Analyzer(), 1
+    for d in map(dim, shape):
+        if not isinstance(d, int):
+            for v in tirx.analysis.undefined_vars(d):
+                ana.bind(v, tirx.IntImm(str(v.ty), int(upper_bounds.get(v.name, SYMBOLIC_EXTENT))))
+            d = dim(ana.simplify(d))
+            if not isinstance(d, int):
+                return None
+        n *= max(d, 0)
+    dt = tvm.runtime.DataType(dtype)
+    return n * ((dt.bits * dt.lanes + 7) // 8)
 
 
 def copy_saving(nbytes: Optional[int], target) -> float:
@@ -121,4 +153,4 @@ def edge_cost(share: float, nbytes: Optional[int], out_bytes: Optional[int], con
     return EdgeCost(gain, kernels, -memory_freed, detail)
 
 
-__all__ = ["TARGETS", "EdgeCost", "constants", "copy_saving", "view_credit", "read_penalty", "fusion_lost", "edge_cost"]
+__all__ = ["SYMBOLIC_EXTENT", "TARGETS", "EdgeCost", "constants", "copy_saving", "largest_bytes", "view_credit", "read_penalty", "fusion_lost", "edge_cost"]

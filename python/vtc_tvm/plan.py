@@ -348,11 +348,11 @@ def _plan(mod, tgt, choose, allowed, inplace, profiler, memory_guard, objective,
     physical: frozenset = frozenset() if every else _function_outputs(mod)
     earlier: Dict[tuple, dict] = {}
     earlier_edges: Dict[tuple, Edge] = {}
-    nodes = Graph()  # one node table for every step: stable node ids
+    nodes = Graph(upper_bounds=_upper_bounds(mod))  # one node table for every step: stable node ids
     fit = _MemoryFit(memory_guard and not every, objective == "memory" and not every)
     step = steps = 0
     while True:
-        graph = Graph(nodes=nodes.nodes, by_var=nodes.by_var, _ops=nodes._ops)
+        graph = Graph(nodes=nodes.nodes, by_var=nodes.by_var, _ops=nodes._ops, upper_bounds=nodes.upper_bounds)
         collector = Collector(mod, choose, allowed, tgt, inplace, physical, profiler, graph)
         collector.transform()
         result = _solve(graph, collector, tgt, memory_guard, objective, every, fit.no_store)
@@ -481,7 +481,7 @@ def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objectiv
         for k, e in enumerate(group):
             dtype_bytes = max(tvm.runtime.DataType(node.dtype).bits // 8, 1) if node.dtype else 4
             out = graph.nodes[e.consumer]
-            e.cost = edge_cost(share, node.bytes, out.bytes, e.contiguity, dtype_bytes, e.fused_before,
+            e.cost = edge_cost(share, node.cost_bytes, out.cost_bytes, e.contiguity, dtype_bytes, e.fused_before,
                                e.fused_after, getattr(e, "behind_tiled", False), tgt,
                                kernels_saved=int(k == 0 and not view),
                                memory_freed=(node.bytes or 0) if (k == 0 and not view) else 0)
@@ -562,7 +562,18 @@ def _solve(graph: Graph, collector: Collector, tgt, memory_guard: bool, objectiv
 def copy_saved(node: Node, tgt) -> float:
     """What making ``node`` virtual saves (before the reads through it are priced): its copy
     kernel, or for a free view only the target's credit (:func:`vtc_tvm.cost.view_credit`)."""
-    return view_credit(tgt, node.of_constants) if node.free_view else copy_saving(node.bytes, tgt)
+    return view_credit(tgt, node.of_constants) if node.free_view else copy_saving(node.cost_bytes, tgt)
+
+
+def _upper_bounds(mod) -> Dict[str, int]:
+    """The upper bounds the module's functions declare for their symbolic variables
+    (``tir_var_upper_bound``, by name; the largest where two functions disagree)."""
+    bounds: Dict[str, int] = {}
+    for _, func in mod.functions_items():
+        declared = func.attrs.get("tir_var_upper_bound") if isinstance(func, relax.Function) and func.attrs else None
+        for name, bound in (declared or {}).items():
+            bounds[str(name)] = max(bounds.get(str(name), 0), int(bound))
+    return bounds
 
 
 def _offer_stores(graph, collector, tgt, first_load, offered, gain, kernels, memory, requires,
@@ -610,7 +621,7 @@ def _offer_stores(graph, collector, tgt, first_load, offered, gain, kernels, mem
             continue
         node = graph.nodes[e.src]
         group = groups.setdefault(e.src, [])
-        e.cost = EdgeCost((copy_saving(node.bytes, tgt) - copy_saving(0, tgt)) / 2, 0,
+        e.cost = EdgeCost((copy_saving(node.cost_bytes, tgt) - copy_saving(0, tgt)) / 2, 0,
                           0 if group else -(node.bytes or 0), "producer writes its part of the destination")
         e.reason = "concat virtual over its inputs instead" if e.dst in first_load else e.verdict.reason
         k = len(offered)
