@@ -39,6 +39,11 @@ def _mapping(op, *shapes, dtype=F16):
     (lambda a: R.permute_dims(a), [(16, 64)], 1),                                       # strided inner axis
     (lambda a: R.nn.pad(a, [1, 2, 0, 0]), [(4, 56)], 8),                                # pad of whole rows
     (lambda a: R.nn.pad(a, [0, 0, 8, 0]), [(4, 56)], 1),                                # padding inside a row
+    # contiguous in memory, but a vector would cross rows of 5: its indices are no ramps (fuzz
+    # case_b4e1c0f1a7: TVM's CUDA code generator printed the int32x8 index arithmetic wrongly)
+    (lambda a: R.flatten(a), [(4, 4, 8, 5)], 1),
+    (lambda a: R.flatten(a), [(4, 4, 8, 16)], 8),                                       # rows of 16: ramps
+    (lambda a: R.reshape(a, (2, 64)), [(2, 4, 16)], 8),
 ])
 def test_vector_lanes_only_where_proven(op, shapes, lanes):
     assert vector_lanes(_mapping(op, *shapes)) == lanes

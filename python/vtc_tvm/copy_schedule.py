@@ -60,23 +60,36 @@ def _aligned(mapping: Mapping, piece, last, lanes: int) -> bool:
         return False  # the piece may change inside a vector
     if piece.source is None:
         return True  # a constant
-    return _unit_aligned(mapping.source_shape(piece.source), piece.indices, last, lanes, mapping.analyzer())
+    return _unit_aligned(mapping.source_shape(piece.source), piece.indices, last, lanes, mapping.shape[-1],
+                         mapping.analyzer())
 
 
 def _uses(expr, var) -> bool:
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
-def _unit_aligned(shape, indices, last, lanes: int, ana=None) -> bool:
-    """Whether element ``indices`` of a row-major tensor of ``shape`` moves by one element per
-    step of ``last`` and is at a multiple of ``lanes`` where ``last`` is 0 (so each aligned
-    vector of ``lanes`` along ``last`` is one aligned vector in memory)."""
+def _unit_aligned(shape, indices, last, lanes: int, extent: int, ana=None) -> bool:
+    """Whether element ``indices`` of a row-major tensor of ``shape`` is read (or written) along
+    ``last`` (``extent`` steps) in aligned vectors of ``lanes`` that TVM's vectorizer turns into
+    one vector access: on each aligned vector of ``lanes`` steps every index but the innermost
+    is constant and the innermost moves by one element a step, from an address that is a
+    multiple of ``lanes``. (An address that merely moves by one is not enough: ``x[j // 5, j % 5]``
+    over 8 lanes is contiguous in memory, but its indices are no ramps, and TVM's CUDA code
+    generator prints the int32x8 index arithmetic the vectorizer leaves as invalid CUDA.)"""
     ana = ana or tvm.sym.Analyzer()
+    dtype = str(last.ty)
+    q, r = tirx.Var("q", dtype), tirx.Var("r", dtype)
+    ana.bind(q, tvm.ir.Range(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, -(-extent // lanes))))
+    ana.bind(r, tvm.ir.Range(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, lanes)))
+    split = [ana.simplify(_substitute(_i64(i), {last: q * lanes + r})) for i in indices]
+    if not split or any(_uses(i, r) for i in split[:-1]):
+        return False
+    base = ana.simplify(split[-1] - r)
+    if _uses(base, r):
+        return False
     strides = row_major_strides([_i64(d) for d in shape])
-    offset = sum((_i64(s) * _i64(e) for s, e in zip(strides, indices)), _i64(0))
-    step = ana.simplify(_substitute(offset, {last: last + 1}) - offset)
-    start = _substitute(offset, {last: _i64(0)})
-    return isinstance(step, tirx.IntImm) and int(step) == 1 and ana.can_prove(tirx.floormod(start, lanes) == 0)
+    start = sum((_i64(st) * _substitute(i, {r: _i64(0)}) for st, i in zip(strides, split)), _i64(0))
+    return ana.can_prove(tirx.floormod(start, lanes) == 0)
 
 
 def schedule_copy(func: tirx.PrimFunc, target) -> Optional[tirx.PrimFunc]:
@@ -288,7 +301,7 @@ def _piecewise_lanes(block, loads_checked: bool = True) -> int:
     stored = tirx.BufferLoad(store.buffer, store.indices)
     lanes = VECTOR_BYTES // max(tvm.runtime.DataType(store.buffer.dtype).bits // 8, 1)
     while lanes > 1 and not (extent % lanes == 0
-                             and all(_unit_aligned(a.source.shape, a.indices, last, lanes) for a in moving + [stored])
+                             and all(_unit_aligned(a.source.shape, a.indices, last, lanes, extent) for a in moving + [stored])
                              and all(_uniform(c, last, extent, lanes) for c in conds)):
         lanes //= 2
     return lanes
