@@ -273,6 +273,7 @@ def main(argv=None):
         (out / "compile_time.md").write_text(markdown(data))
         return
     load_before = [round(x, 2) for x in os.getloadavg()]
+    commit, first_root_commit = _commit(), _commit(args.first_root)  # the code measured, not the code at the end
     import tvm.s_tir.tensor_intrin  # noqa: F401  (a one-time import DLight's first tensor-core match does)
 
     compiles = []
@@ -288,11 +289,11 @@ def main(argv=None):
             compiles.append(row)
     layers = pass_by_layers([int(k) for k in args.layers.split(",") if k], args.repeat)
     first = first_compiles([c for c in args.first.split(",") if c], args.repeat, args.first_root)
-    data = {"commit": _commit(), "command": "python -m benchmarks.compile_time " + " ".join(
+    data = {"commit": commit, "command": "python -m benchmarks.compile_time " + " ".join(
         sys.argv[1:] if argv is None else argv), "tvm": tvm.__version__, "host": platform.node(),
         "cpus": os.cpu_count(), "load_before": load_before, "load_after": [round(x, 2) for x in os.getloadavg()],
         "repeat": args.repeat, "compiles": compiles, "pass_by_layers": layers, "first_compiles": first,
-        "first_root_commit": _commit(args.first_root)}
+        "first_root_commit": first_root_commit}
     if args.before:
         data["before"] = json.loads(Path(args.before).read_text())
     out.mkdir(parents=True, exist_ok=True)

@@ -10,7 +10,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # In a fresh process: the five intrinsics (both weight layouts) are registered from TVM's generators
 # without importing tvm.s_tir.tensor_intrin; then that module imports (its own names do not clash
 # with ours), its generators give structurally equal intrinsics, and a source without the
-# generators falls back to the module's own functions.
+# generators (or a generator failing when called) falls back to the module's own functions.
 CHECK = textwrap.dedent("""
     import sys
     import tvm
@@ -42,6 +42,10 @@ CHECK = textwrap.dedent("""
                                    TensorIntrin.get(names["compute"]).desc)
     fallback = wmma.generators("/nonexistent/tensor_intrin/cuda.py")
     assert all(fallback[g] is getattr(tc, g) for g in wmma._GENERATORS)
+    # a generator failing when called (it needs more of its module): the module's own is used
+    wmma.generators = lambda path=None: {g: (lambda *args: 1 / 0) for g in wmma._GENERATORS}
+    name = wmma.intrinsic("fill_fallback", "get_wmma_fill_intrin", 16, 16, 16, "float32")
+    assert tvm_ffi.structural_equal(TensorIntrin.get(name).desc, tc.get_wmma_fill_intrin(16, 16, 16, "float32")[0])
     print("ok")
 """)
 
