@@ -354,6 +354,7 @@ def test_largest_bytes_puts_symbolic_dimensions_at_their_bounds():
     assert cost.largest_bytes((i64(3), i64(4)), "float16", {}) == 24
     assert cost.largest_bytes((n, i64(64)), "float16", {}) == cost.SYMBOLIC_EXTENT * 64 * 2
     assert cost.largest_bytes((n + 1, b * 2), "float32", {"n": 100, "b": 3}) == 101 * 6 * 4
+    assert cost.largest_bytes((n * n * b * b,), "float16", {}) is None  # could overflow int64
 
 
 def _narrow_module(n, bound=None):

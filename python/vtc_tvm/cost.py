@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import tvm
+import tvm_ffi
 from tvm import tirx
 
 from .analysis import BROADCAST
@@ -84,11 +85,16 @@ SYMBOLIC_EXTENT = 1 << 20
 def largest_bytes(shape, dtype: str, upper_bounds: dict) -> Optional[int]:
     """Bytes of a ``dtype`` tensor of ``shape`` (a Relax shape's values) with each symbolic
     variable at ``upper_bounds[name]`` or :data:`SYMBOLIC_EXTENT`; None if a dimension does not
-    evaluate to a constant."""
+    evaluate to a constant, or names symbolic variables more than three times (at 2^20 each, its
+    value could overflow the int64 arithmetic that evaluates it)."""
     ana, n = tvm.sym.Analyzer(), 1
     for d in map(dim, shape):
         if not isinstance(d, int):
-            for v in tirx.analysis.undefined_vars(d):
+            found = []
+            tvm_ffi.structural_walk(d, (tirx.Var, found.append), order="post")
+            if len(found) > 3:
+                return None
+            for v in dict.fromkeys(found):
                 ana.bind(v, tirx.IntImm(str(v.ty), int(upper_bounds.get(v.name, SYMBOLIC_EXTENT))))
             d = dim(ana.simplify(d))
             if not isinstance(d, int):
