@@ -378,6 +378,57 @@ ONNX_BUILDERS: Dict[str, Callable] = {
 }
 
 
+# ----------------------------------------------------------------------------------------------
+# An encoder with no Relax twin: for the model tests and the model fuzzer only
+# ----------------------------------------------------------------------------------------------
+# (batch, sequence, hidden, heads, FFN, layers) of the small BERT-style encoder
+BERT_SMALL = dict(batch=2, seq=16, hidden=64, heads=4, ffn=256, layers=2)
+
+
+def bert_encoder_onnx(batch: int, seq: int, hidden: int, heads: int, ffn: int, layers: int) -> onnx.ModelProto:
+    """A BERT encoder (HF ``BertLayer`` x ``layers``) as its ONNX export spells it: the attention
+    mask's ``Unsqueeze``/``Unsqueeze``/``Sub``/``Mul`` extension, q/k/v ``MatMul`` + bias ``Add``
+    reshaped into heads (k transposed to ``(0, 2, 3, 1)``), ``Div`` by sqrt(d), ``Softmax``, the
+    context transposed back, ``LayerNormalization`` after each residual, the exact ``Erf`` GELU.
+    Inputs ``x`` (embeddings, [B, S, H]) and ``attention_mask`` ([B, S]), weights as inputs."""
+    B, S, H, n, D = batch, seq, hidden, heads, hidden // heads
+    specs = [("x", (B, S, H)), ("attention_mask", (B, S))]
+    for i in range(layers):
+        specs += [(f"w_q{i}", (H, H)), (f"b_q{i}", (H,)), (f"w_k{i}", (H, H)), (f"b_k{i}", (H,)),
+                  (f"w_v{i}", (H, H)), (f"b_v{i}", (H,)), (f"w_o{i}", (H, H)), (f"b_o{i}", (H,)),
+                  (f"attn_norm{i}", (H,)), (f"b_attn_ln{i}", (H,)), (f"w_i{i}", (H, ffn)), (f"b_i{i}", (ffn,)),
+                  (f"w_out{i}", (ffn, H)), (f"b_out{i}", (H,)), (f"out_norm{i}", (H,)), (f"b_out_ln{i}", (H,))]
+    g = _start("bert_encoder", specs, "float32")
+    # the extended mask: (1 - mask[:, None, None, :]) * scale (HF scales by the dtype's minimum)
+    ext = g.unsqueeze(g.unsqueeze("attention_mask", 1), 2)
+    ext = g.op("Mul", [g.op("Sub", [g.scalar(1.0), ext]), g.scalar(-1.0)])
+    x = "x"
+
+    def dense(t, i, w, b):
+        return g.op("Add", [g.op("MatMul", [t, f"{w}{i}"]), f"{b}{i}"])
+
+    def layer_norm(t, gain, bias):
+        return g.op("LayerNormalization", [t, gain, bias], axis=-1, epsilon=1e-12)
+
+    for i in range(layers):
+        q, k, v = (g.reshape(dense(x, i, w, b), (B, S, n, D)) for w, b in (("w_q", "b_q"), ("w_k", "b_k"),
+                                                                         ("w_v", "b_v")))
+        q, kt, v = g.transpose(q, (0, 2, 1, 3)), g.transpose(k, (0, 2, 3, 1)), g.transpose(v, (0, 2, 1, 3))
+        scores = g.op("Add", [g.op("Div", [g.op("MatMul", [q, kt]), g.scalar(float(np.sqrt(D)))]), ext])
+        ctx = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
+        ctx = g.reshape(g.transpose(ctx, (0, 2, 1, 3)), (B, S, H))
+        h = layer_norm(g.op("Add", [dense(ctx, i, "w_o", "b_o"), x]), f"attn_norm{i}", f"b_attn_ln{i}")
+        inter = dense(h, i, "w_i", "b_i")
+        erf = g.op("Erf", [g.op("Div", [inter, g.scalar(float(np.sqrt(2.0)))])])
+        gelu = g.op("Mul", [g.op("Mul", [inter, g.scalar(0.5)]), g.op("Add", [erf, g.scalar(1.0)])])
+        x = layer_norm(g.op("Add", [dense(gelu, i, "w_out", "b_out"), h]), f"out_norm{i}", f"b_out_ln{i}")
+    return g.finish([x])
+
+
+# Shipped models that have no Relax workload twin (written next to the workloads' by write_small)
+EXTRA_MODELS = {"bert_encoder": lambda: bert_encoder_onnx(**BERT_SMALL)}
+
+
 def onnx_model(workload_name: str, cfg) -> onnx.ModelProto:
     """The ONNX twin of ``WORKLOADS[workload_name].build(cfg)`` (opset 18, weights as inputs)."""
     if workload_name not in ONNX_BUILDERS:
@@ -424,11 +475,12 @@ def small_path(workload_name: str, out_dir: str = ONNX_DIR) -> str:
 
 
 def write_small(out_dir: str = ONNX_DIR, names: Optional[Sequence[str]] = None) -> List[str]:
-    """Write the small (float32) config of every workload to ``<out_dir>/<name>_small.onnx``."""
+    """Write the small (float32) config of every workload (and :data:`EXTRA_MODELS`) to
+    ``<out_dir>/<name>_small.onnx``."""
     os.makedirs(out_dir, exist_ok=True)
     paths = []
-    for name in names or sorted(ONNX_BUILDERS):
-        model = onnx_model(name, W.WORKLOADS[name].config("small"))
+    for name in names or sorted(ONNX_BUILDERS) + sorted(EXTRA_MODELS):
+        model = EXTRA_MODELS[name]() if name in EXTRA_MODELS else onnx_model(name, W.WORKLOADS[name].config("small"))
         path = small_path(name, out_dir)
         onnx.save(model, path)
         paths.append(path)

@@ -16,7 +16,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from benchmarks.onnx_models import ONNX_BUILDERS, OPSET, onnx_model, onnx_module, small_path
+from benchmarks.onnx_models import EXTRA_MODELS, ONNX_BUILDERS, OPSET, onnx_model, onnx_module, small_path
 from benchmarks.workloads import WORKLOADS
 from vtc_tvm import VirtualTensorize
 from vtc_tvm.pipeline import vtc_pipeline
@@ -163,3 +163,23 @@ def test_empty_kv_cache_is_a_static_zero_size_input():
 def test_unknown_workload_is_a_clear_error():
     with pytest.raises(KeyError, match="no ONNX model for 'resnet'"):
         onnx_model("resnet", None)
+
+
+@pytest.mark.parametrize("name", sorted(EXTRA_MODELS))
+def test_model_without_a_workload_twin_is_current_and_matches_onnxruntime(name):
+    """A shipped model with no Relax builder (the BERT encoder): the committed file is what
+    ``python -m benchmarks.onnx_models`` writes, and stock TVM's import of it, built by stock TVM
+    and by the ``"vtc"`` pipeline, computes what onnxruntime does on random inputs."""
+    from vtc_tvm.onnx_import import load_onnx
+
+    model = EXTRA_MODELS[name]()
+    assert onnx.load(small_path(name)) == model
+    onnx.checker.check_model(model, full_check=True)
+    rng = np.random.default_rng(13)
+    arrays = [(rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]) * 0.2).astype("float32")
+              for i in model.graph.input]
+    want = _ort(model, arrays)
+    mod = load_onnx(model)
+    for pipeline in (relax.get_default_pipeline(TARGET), vtc_pipeline(TARGET)):
+        ex = tvm.compile(mod, target=TARGET, relax_pipeline=pipeline)
+        _close(run_vm(ex, tvm.cpu(), arrays), want)

@@ -55,8 +55,10 @@ COMBOS = {
     "llama_decode": [("vtc_pipeline", True, "bind")],
     "llama_prefill": [("vt_default", True, "initializers")],
     "gemma2_decode": [("vt_stores", False, "bind")],
+    # a BERT encoder as its ONNX export spells it (benchmarks.onnx_models.bert_encoder_onnx)
+    "bert_encoder": [ALL[1], ALL[2], ALL[4]],
 }
-LIGHT = ("shufflenet_unit", "effvit_attn", "yolo_c3k2")
+LIGHT = ("shufflenet_unit", "effvit_attn", "yolo_c3k2", "bert_encoder")
 
 
 def _marks(name):
@@ -166,7 +168,8 @@ def test_cli_compiles_model_with_initializers(name, tmp_path):
     # movement op only as relax.split, and the store side then redirected one of two calls of a
     # shared conv kernel while the shuffle copy stayed (12 CUDA kernels against stock's 10).
     ("shufflenet_unit", True),
-    ("effvit_attn", False)])
+    ("effvit_attn", False),
+    ("bert_encoder", False)])
 def test_cuda_codegen_without_gpu(name, legalized):
     """The ``"vtc"`` pipeline generates CUDA for the model (no GPU needed), with no more kernels
     than stock's CUDA build."""
