@@ -990,9 +990,15 @@ def compile_and_run(mod, arrays):
 
 
 def _norm(msg: str) -> str:
-    """An error message with names and numbers stripped: groups one bug's crashes."""
+    """An error message with names and numbers stripped: groups one bug's crashes. Its last line,
+    or a compiler's first diagnostic (nvcc ends with "N errors detected in ...", the same for
+    every bug)."""
     lines = [ln.strip() for ln in msg.strip().splitlines() if ln.strip()]
-    line = lines[-1] if lines else ""
+    diagnostics = [ln for ln in lines if ": error: " in ln or ln.startswith("error: ")]
+    line = diagnostics[0] if diagnostics else lines[-1] if lines else ""
+    # file paths (nvcc names its random temporary directory: a shrinking replay of the same bug
+    # would otherwise count as another bug, and hypothesis reported the failure as flaky)
+    line = re.sub(r"(?:/[\w.\-]+)+", "PATH", line)
     line = re.sub(r"\b[a-zA-Z_]+\d+\b", "N", line)
     line = re.sub(r"-?\d+", "N", line)
     return line[:120]
@@ -1339,6 +1345,19 @@ class Campaign:
                 self.stats.passed += 1
                 self._count_symbolic(case, "passed")
 
+    def _record(self, case: Case, failure: VtcFailure, t0: float):
+        """A new bug: reduced, saved (with ``save``) and printed."""
+        case, failure = reduce_case(case, failure)
+        bug = Bug(failure.signature, frozenset(case.ops), case, failure)
+        if self.save:
+            bug.path = save_regression(case, failure)
+        self.bugs.append(bug)
+        print(f"\n=== new bug #{len(self.bugs)}: {failure.signature}  (shrunk in {time.time() - t0:.0f}s)")
+        print(describe(case, failure))
+        if bug.path:
+            print(f"# saved: {bug.path}")
+        sys.stdout.flush()
+
     def _count_symbolic(self, case: Case, what: str):
         if case.symbols:
             self.stats.symbolic[what] += 1
@@ -1360,20 +1379,11 @@ class Campaign:
             try:
                 _round()
             except VtcFailure:
-                case, failure = self.last_fail
-                case, failure = reduce_case(case, failure)
-                bug = Bug(failure.signature, frozenset(case.ops), case, failure)
-                if self.save:
-                    bug.path = save_regression(case, failure)
-                self.bugs.append(bug)
-                print(f"\n=== new bug #{len(self.bugs)}: {failure.signature}  "
-                      f"(shrunk in {time.time() - t0:.0f}s)")
-                print(describe(case, failure))
-                if bug.path:
-                    print(f"# saved: {bug.path}")
-                sys.stdout.flush()
+                self._record(*self.last_fail, t0)
             except Exception as err:  # noqa: BLE001 - e.g. hypothesis giving up on a round
                 print(f"round {r}: {type(err).__name__}: {err}")
+                if self.last_fail is not None:  # a failure hypothesis could not replay is kept all the same
+                    self._record(*self.last_fail, t0)
             r += 1
             s = self.stats
             print(f"[{time.time() - START:.0f}s] generated={s.generated} (symbolic {s.symbolic['generated']}) "

@@ -65,3 +65,20 @@ def test_fuzz_regression(path, strategy):
             check_regression(module, strategy)
         pytest.xfail(known)
     check_regression(module, strategy)
+
+
+def test_crash_signatures_ignore_temporary_paths_and_keep_the_first_diagnostic():
+    """nvcc names a random temporary directory and ends every failure with the same line: a
+    shrinking replay of one bug must give the same signature (else hypothesis calls the failure
+    flaky and the case was lost: CUDA seed 919), two different compile errors different ones."""
+    from tests.fuzz import _norm
+
+    def nvcc(tmp, error):
+        return (f"RuntimeError: Compilation error:\n/tmp/{tmp}/tvm_kernels.cu(78): warning #177-D: unused\n"
+                f"/tmp/{tmp}/tvm_kernels.cu(138): error: {error}\n"
+                f'5 errors detected in the compilation of "/tmp/{tmp}/tvm_kernels.cu".')
+
+    first = _norm(nvcc("tmpuwqieldm", "too many arguments in function call"))
+    assert first == _norm(nvcc("tmpdjjem20a", "too many arguments in function call"))
+    assert first != _norm(nvcc("tmpuwqieldm", "identifier \"x\" is undefined"))
+    assert _norm("Traceback ...\nValueError: shapes (3, 4) and x12") == "ValueError: shapes (N, N) and N"
