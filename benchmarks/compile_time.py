@@ -49,6 +49,8 @@ from vtc_tvm import candidates, models
 from vtc_tvm.errors import last_line
 from vtc_tvm.pipeline import cuda_target, vtc_pipeline
 
+from benchmarks import report_files
+
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("llama_decode", "shufflenet_v2_whole", "efficientvit_b1", "yolo11n")
 TARGETS = ("llvm", "cuda")
@@ -296,10 +298,7 @@ def main(argv=None):
         "first_root_commit": first_root_commit}
     if args.before:
         data["before"] = json.loads(Path(args.before).read_text())
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "compile_time.json").write_text(json.dumps(data, indent=1))
-    (out / "compile_time.md").write_text(markdown(data))
-    print(markdown(data))
+    report_files.write(out, "compile_time", data, markdown(data))
 
 
 if __name__ == "__main__":

@@ -385,12 +385,14 @@ ONNX_BUILDERS: Dict[str, Callable] = {
 BERT_SMALL = dict(batch=2, seq=16, hidden=64, heads=4, ffn=256, layers=2)
 
 
-def bert_encoder_onnx(batch: int, seq: int, hidden: int, heads: int, ffn: int, layers: int) -> onnx.ModelProto:
+def bert_encoder_onnx(batch: int, seq: int, hidden: int, heads: int, ffn: int, layers: int,
+                      dtype: str = "float32") -> onnx.ModelProto:
     """A BERT encoder (HF ``BertLayer`` x ``layers``) as its ONNX export spells it: the attention
     mask's ``Unsqueeze``/``Unsqueeze``/``Sub``/``Mul`` extension, q/k/v ``MatMul`` + bias ``Add``
     reshaped into heads (k transposed to ``(0, 2, 3, 1)``), ``Div`` by sqrt(d), ``Softmax``, the
     context transposed back, ``LayerNormalization`` after each residual, the exact ``Erf`` GELU.
-    Inputs ``x`` (embeddings, [B, S, H]) and ``attention_mask`` ([B, S]), weights as inputs."""
+    Inputs ``x`` (embeddings, [B, S, H]) and ``attention_mask`` ([B, S]), weights as inputs, all
+    of ``dtype``."""
     B, S, H, n, D = batch, seq, hidden, heads, hidden // heads
     specs = [("x", (B, S, H)), ("attention_mask", (B, S))]
     for i in range(layers):
@@ -398,7 +400,7 @@ def bert_encoder_onnx(batch: int, seq: int, hidden: int, heads: int, ffn: int, l
                   (f"w_v{i}", (H, H)), (f"b_v{i}", (H,)), (f"w_o{i}", (H, H)), (f"b_o{i}", (H,)),
                   (f"attn_norm{i}", (H,)), (f"b_attn_ln{i}", (H,)), (f"w_i{i}", (H, ffn)), (f"b_i{i}", (ffn,)),
                   (f"w_out{i}", (ffn, H)), (f"b_out{i}", (H,)), (f"out_norm{i}", (H,)), (f"b_out_ln{i}", (H,))]
-    g = _start("bert_encoder", specs, "float32")
+    g = _start("bert_encoder", specs, dtype)
     # the extended mask: (1 - mask[:, None, None, :]) * scale (HF scales by the dtype's minimum)
     ext = g.unsqueeze(g.unsqueeze("attention_mask", 1), 2)
     ext = g.op("Mul", [g.op("Sub", [g.scalar(1.0), ext]), g.scalar(-1.0)])

@@ -80,3 +80,14 @@ def test_compile_time_first_compiles_run_a_checkouts_code_in_fresh_processes():
         (run,) = row["runs"][variant]
         assert run[0] > 0 and row[f"{variant}_wall_s"] == run[0]
     assert row["ratio_wall"] == row["vtc_wall_s"] / row["stock_wall_s"]
+
+
+def test_encoder_census_row_of_one_bert_base_layer():
+    """benchmarks.encoder_census: one BERT-base layer from ONNX (weights as initializers), a short
+    sequence on LLVM: the vtc build launches fewer kernels than stock and no copy kernel."""
+    from benchmarks import encoder_census
+
+    row = encoder_census.row("llvm", layers=1, seq=8, symbolic_batch=False, repeat=1)
+    assert row["stock_data_movement"] == 4 and row["vtc_data_movement"] == 0
+    assert row["vtc_kernels"] == row["stock_kernels"] - 4
+    assert row["vtc_planned_bytes"] <= row["stock_planned_bytes"]
