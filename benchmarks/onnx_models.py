@@ -383,52 +383,101 @@ ONNX_BUILDERS: Dict[str, Callable] = {
 # ----------------------------------------------------------------------------------------------
 # (batch, sequence, hidden, heads, FFN, layers) of the small BERT-style encoder
 BERT_SMALL = dict(batch=2, seq=16, hidden=64, heads=4, ffn=256, layers=2)
+# (batch, image side, patch side, hidden, heads, FFN, layers, classes) of the small ViT
+VIT_SMALL = dict(batch=2, image=32, patch=8, hidden=64, heads=4, ffn=128, layers=2, classes=10)
+
+
+def _encoder_weights(i: int, H: int, ffn: int) -> list:
+    """The weight inputs of encoder layer ``i`` (q/k/v/o, two layer norms, the FFN)."""
+    return [(f"w_q{i}", (H, H)), (f"b_q{i}", (H,)), (f"w_k{i}", (H, H)), (f"b_k{i}", (H,)),
+            (f"w_v{i}", (H, H)), (f"b_v{i}", (H,)), (f"w_o{i}", (H, H)), (f"b_o{i}", (H,)),
+            (f"attn_norm{i}", (H,)), (f"b_attn_ln{i}", (H,)), (f"w_i{i}", (H, ffn)), (f"b_i{i}", (ffn,)),
+            (f"w_out{i}", (ffn, H)), (f"b_out{i}", (H,)), (f"out_norm{i}", (H,)), (f"b_out_ln{i}", (H,))]
+
+
+def _dense(g: _Graph, t, w, b):
+    return g.op("Add", [g.op("MatMul", [t, w]), b])
+
+
+def _layer_norm(g: _Graph, t, gain, bias, eps):
+    return g.op("LayerNormalization", [t, gain, bias], axis=-1, epsilon=eps)
+
+
+def _self_attention(g: _Graph, x, i: int, B: int, S: int, H: int, n: int, mask=None):
+    """HF's self-attention of layer ``i`` (``BertSelfAttention``/``ViTSelfAttention``): q/k/v
+    ``MatMul`` + bias reshaped into heads (k transposed to ``(0, 2, 3, 1)``), ``Div`` by sqrt(d),
+    the additive ``mask``, ``Softmax``, the context transposed back, the output projection."""
+    D = H // n
+    q, k, v = (g.reshape(_dense(g, x, f"w_{p}{i}", f"b_{p}{i}"), (B, S, n, D)) for p in "qkv")
+    q, kt, v = g.transpose(q, (0, 2, 1, 3)), g.transpose(k, (0, 2, 3, 1)), g.transpose(v, (0, 2, 1, 3))
+    scores = g.op("Div", [g.op("MatMul", [q, kt]), g.scalar(float(np.sqrt(D)))])
+    if mask is not None:
+        scores = g.op("Add", [scores, mask])
+    ctx = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
+    return _dense(g, g.reshape(g.transpose(ctx, (0, 2, 1, 3)), (B, S, H)), f"w_o{i}", f"b_o{i}")
+
+
+def _ffn(g: _Graph, t, i: int):
+    """The FFN with the exact GELU: ``0.5 x (1 + erf(x / sqrt 2))`` as ``Div``/``Erf``/``Add``/``Mul``."""
+    inter = _dense(g, t, f"w_i{i}", f"b_i{i}")
+    erf = g.op("Erf", [g.op("Div", [inter, g.scalar(float(np.sqrt(2.0)))])])
+    gelu = g.op("Mul", [g.op("Mul", [inter, g.scalar(0.5)]), g.op("Add", [erf, g.scalar(1.0)])])
+    return _dense(g, gelu, f"w_out{i}", f"b_out{i}")
 
 
 def bert_encoder_onnx(batch: int, seq: int, hidden: int, heads: int, ffn: int, layers: int,
                       dtype: str = "float32") -> onnx.ModelProto:
-    """A BERT encoder (HF ``BertLayer`` x ``layers``) as its ONNX export spells it: the attention
-    mask's ``Unsqueeze``/``Unsqueeze``/``Sub``/``Mul`` extension, q/k/v ``MatMul`` + bias ``Add``
-    reshaped into heads (k transposed to ``(0, 2, 3, 1)``), ``Div`` by sqrt(d), ``Softmax``, the
-    context transposed back, ``LayerNormalization`` after each residual, the exact ``Erf`` GELU.
-    Inputs ``x`` (embeddings, [B, S, H]) and ``attention_mask`` ([B, S]), weights as inputs, all
-    of ``dtype``."""
-    B, S, H, n, D = batch, seq, hidden, heads, hidden // heads
+    """A BERT encoder (HF ``BertLayer`` x ``layers``, post-norm) as its ONNX export spells it: the
+    attention mask's ``Unsqueeze``/``Unsqueeze``/``Sub``/``Mul`` extension, :func:`_self_attention`,
+    ``LayerNormalization`` after each residual, :func:`_ffn`. Inputs ``x`` (embeddings,
+    [B, S, H]) and ``attention_mask`` ([B, S]), weights as inputs, all of ``dtype``."""
+    B, S, H = batch, seq, hidden
     specs = [("x", (B, S, H)), ("attention_mask", (B, S))]
     for i in range(layers):
-        specs += [(f"w_q{i}", (H, H)), (f"b_q{i}", (H,)), (f"w_k{i}", (H, H)), (f"b_k{i}", (H,)),
-                  (f"w_v{i}", (H, H)), (f"b_v{i}", (H,)), (f"w_o{i}", (H, H)), (f"b_o{i}", (H,)),
-                  (f"attn_norm{i}", (H,)), (f"b_attn_ln{i}", (H,)), (f"w_i{i}", (H, ffn)), (f"b_i{i}", (ffn,)),
-                  (f"w_out{i}", (ffn, H)), (f"b_out{i}", (H,)), (f"out_norm{i}", (H,)), (f"b_out_ln{i}", (H,))]
+        specs += _encoder_weights(i, H, ffn)
     g = _start("bert_encoder", specs, dtype)
     # the extended mask: (1 - mask[:, None, None, :]) * scale (HF scales by the dtype's minimum)
     ext = g.unsqueeze(g.unsqueeze("attention_mask", 1), 2)
     ext = g.op("Mul", [g.op("Sub", [g.scalar(1.0), ext]), g.scalar(-1.0)])
     x = "x"
-
-    def dense(t, i, w, b):
-        return g.op("Add", [g.op("MatMul", [t, f"{w}{i}"]), f"{b}{i}"])
-
-    def layer_norm(t, gain, bias):
-        return g.op("LayerNormalization", [t, gain, bias], axis=-1, epsilon=1e-12)
-
     for i in range(layers):
-        q, k, v = (g.reshape(dense(x, i, w, b), (B, S, n, D)) for w, b in (("w_q", "b_q"), ("w_k", "b_k"),
-                                                                         ("w_v", "b_v")))
-        q, kt, v = g.transpose(q, (0, 2, 1, 3)), g.transpose(k, (0, 2, 3, 1)), g.transpose(v, (0, 2, 1, 3))
-        scores = g.op("Add", [g.op("Div", [g.op("MatMul", [q, kt]), g.scalar(float(np.sqrt(D)))]), ext])
-        ctx = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
-        ctx = g.reshape(g.transpose(ctx, (0, 2, 1, 3)), (B, S, H))
-        h = layer_norm(g.op("Add", [dense(ctx, i, "w_o", "b_o"), x]), f"attn_norm{i}", f"b_attn_ln{i}")
-        inter = dense(h, i, "w_i", "b_i")
-        erf = g.op("Erf", [g.op("Div", [inter, g.scalar(float(np.sqrt(2.0)))])])
-        gelu = g.op("Mul", [g.op("Mul", [inter, g.scalar(0.5)]), g.op("Add", [erf, g.scalar(1.0)])])
-        x = layer_norm(g.op("Add", [dense(gelu, i, "w_out", "b_out"), h]), f"out_norm{i}", f"b_out_ln{i}")
+        h = _layer_norm(g, g.op("Add", [_self_attention(g, x, i, B, S, H, heads, ext), x]),
+                        f"attn_norm{i}", f"b_attn_ln{i}", 1e-12)
+        x = _layer_norm(g, g.op("Add", [_ffn(g, h, i), h]), f"out_norm{i}", f"b_out_ln{i}", 1e-12)
     return g.finish([x])
 
 
+def vit_onnx(batch: int, image: int, patch: int, hidden: int, heads: int, ffn: int, layers: int, classes: int,
+             dtype: str = "float32") -> onnx.ModelProto:
+    """A ViT classifier (HF ``ViTForImageClassification``, pre-norm) as its ONNX export spells it:
+    the patch ``Conv``, ``flatten(2).transpose(1, 2)`` as ``Reshape`` + ``Transpose``, the class
+    token ``Expand``-ed to the batch and ``Concat``-ed in front, the position embeddings ``Add``,
+    ``layers`` x (``LayerNormalization``, :func:`_self_attention`, residual,
+    ``LayerNormalization``, :func:`_ffn`, residual), the final norm and the classifier on token 0
+    (``x[:, 0]``: a ``Gather`` of a scalar index). Input ``pixels`` ([B, 3, image, image])."""
+    B, H, P = batch, hidden, (image // patch) ** 2
+    S = P + 1
+    specs = [("pixels", (B, 3, image, image)), ("w_patch", (H, 3, patch, patch)), ("b_patch", (H, 1, 1)),
+             ("w_cls", (1, 1, H)), ("w_pos", (1, S, H))]
+    for i in range(layers):
+        specs += _encoder_weights(i, H, ffn)
+    specs += [("final_norm", (H,)), ("b_final_ln", (H,)), ("w_head", (H, classes)), ("b_head", (classes,))]
+    g = _start("vit", specs, dtype)
+    patches = g.conv("pixels", "w_patch", "b_patch", stride=patch)
+    tokens = g.transpose(g.reshape(patches, (B, H, P)), (0, 2, 1))
+    cls = g.op("Expand", ["w_cls", g.ints((B, 1, H))])
+    x = g.op("Add", [g.concat([cls, tokens], axis=1), "w_pos"])
+    for i in range(layers):
+        h = _layer_norm(g, x, f"attn_norm{i}", f"b_attn_ln{i}", 1e-12)
+        x = g.op("Add", [_self_attention(g, h, i, B, S, H, heads), x])
+        x = g.op("Add", [_ffn(g, _layer_norm(g, x, f"out_norm{i}", f"b_out_ln{i}", 1e-12), i), x])
+    x = _layer_norm(g, x, "final_norm", "b_final_ln", 1e-12)
+    first = g.op("Gather", [x, g.scalar(0, "int64")], axis=1)
+    return g.finish([_dense(g, first, "w_head", "b_head")])
+
+
 # Shipped models that have no Relax workload twin (written next to the workloads' by write_small)
-EXTRA_MODELS = {"bert_encoder": lambda: bert_encoder_onnx(**BERT_SMALL)}
+EXTRA_MODELS = {"bert_encoder": lambda: bert_encoder_onnx(**BERT_SMALL), "vit": lambda: vit_onnx(**VIT_SMALL)}
 
 
 def onnx_model(workload_name: str, cfg) -> onnx.ModelProto:

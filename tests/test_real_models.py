@@ -57,8 +57,10 @@ COMBOS = {
     "gemma2_decode": [("vt_stores", False, "bind")],
     # a BERT encoder as its ONNX export spells it (benchmarks.onnx_models.bert_encoder_onnx)
     "bert_encoder": [ALL[1], ALL[2], ALL[4]],
+    # a ViT classifier (benchmarks.onnx_models.vit_onnx): class token Expand + Concat, Gather of token 0
+    "vit": [ALL[0], ALL[3], ALL[5]],
 }
-LIGHT = ("shufflenet_unit", "effvit_attn", "yolo_c3k2", "bert_encoder")
+LIGHT = ("shufflenet_unit", "effvit_attn", "yolo_c3k2", "bert_encoder", "vit")
 
 
 def _marks(name):
@@ -169,7 +171,8 @@ def test_cli_compiles_model_with_initializers(name, tmp_path):
     # shared conv kernel while the shuffle copy stayed (12 CUDA kernels against stock's 10).
     ("shufflenet_unit", True),
     ("effvit_attn", False),
-    ("bert_encoder", False)])
+    ("bert_encoder", False),
+    ("vit", False)])
 def test_cuda_codegen_without_gpu(name, legalized):
     """The ``"vtc"`` pipeline generates CUDA for the model (no GPU needed), with no more kernels
     than stock's CUDA build."""
