@@ -91,6 +91,12 @@ class _Graph:
             self._consts[key] = name
         return self._consts[key]
 
+    def constant(self, array: np.ndarray) -> str:
+        """An initializer holding ``array`` (a model's registered buffer: an index table, a mask)."""
+        name = self._fresh("buffer")
+        self.inits.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
     def op(self, op_type: str, inputs: Sequence[str], n_out: int = 1, **attrs):
         outs = [self._fresh(op_type.lower()) for _ in range(n_out)]
         self.nodes.append(oh.make_node(op_type, list(inputs), outs, name=f"node_{outs[0]}", **attrs))
@@ -476,8 +482,91 @@ def vit_onnx(batch: int, image: int, patch: int, hidden: int, heads: int, ffn: i
     return g.finish([_dense(g, first, "w_head", "b_head")])
 
 
+# (batch, side, channels, window, heads) of the small Swin stage
+SWIN_SMALL = dict(batch=2, side=8, channels=32, window=4, heads=2)
+
+
+def _swin_tables(ws: int, side: int, shift: int):
+    """Swin's registered buffers: the relative position index of a ``ws`` x ``ws`` window
+    ([ws^2 * ws^2] into the (2 ws - 1)^2 bias table) and the shifted windows' attention mask
+    ([windows, ws^2, ws^2], 0 or -100), as HF ``SwinSelfAttention`` / ``SwinLayer`` compute them."""
+    coords = np.stack(np.meshgrid(np.arange(ws), np.arange(ws), indexing="ij")).reshape(2, -1)
+    rel = (coords[:, :, None] - coords[:, None, :]).transpose(1, 2, 0) + (ws - 1)
+    index = (rel[..., 0] * (2 * ws - 1) + rel[..., 1]).reshape(-1).astype(np.int64)
+    img = np.zeros((side, side))
+    cnt = 0
+    for hs in (slice(0, -ws), slice(-ws, -shift), slice(-shift, None)):
+        for wsl in (slice(0, -ws), slice(-ws, -shift), slice(-shift, None)):
+            img[hs, wsl] = cnt
+            cnt += 1
+    win = img.reshape(side // ws, ws, side // ws, ws).transpose(0, 2, 1, 3).reshape(-1, ws * ws)
+    mask = np.where(win[:, None, :] != win[:, :, None], -100.0, 0.0)
+    return index, mask
+
+
+def swin_onnx(batch: int, side: int, channels: int, window: int, heads: int, dtype: str = "float32") -> onnx.ModelProto:
+    """A Swin stage (HF ``SwinStage``: a block with windows, one with windows shifted by half a
+    window, then ``SwinPatchMerging``) as its ONNX export spells it: the cyclic shift
+    (``torch.roll``) as ``Slice`` + ``Concat`` per axis, window partition and reverse as
+    ``Reshape`` + 6-D ``Transpose`` + ``Reshape``, the relative position bias ``Gather``-ed from its
+    table by a constant index, reshaped, transposed and unsqueezed, the shifted windows' constant
+    mask, and the patch merging's four strided slices ``x[:, i::2, j::2]`` concatenated. Input ``x``
+    ([B, side^2, C]), weights as inputs."""
+    B, L, C, ws, n = batch, side, channels, window, heads
+    N, nW, shift = ws * ws, (side // window) ** 2, window // 2
+    specs = [("x", (B, L * L, C))]
+    for i in range(2):
+        specs += [(f"pre_norm{i}", (C,)), (f"b_pre_ln{i}", (C,))] + _encoder_weights(i, C, 4 * C) + \
+            [(f"w_rel{i}", ((2 * ws - 1) ** 2, n))]
+    specs += [("merge_norm", (4 * C,)), ("b_merge_ln", (4 * C,)), ("w_reduce", (4 * C, 2 * C))]
+    g = _start("swin_stage", specs, dtype)
+    index, shift_mask = _swin_tables(ws, L, shift)
+    rel_index, mask = g.constant(index), g.constant(shift_mask.astype(dtype).reshape(1, nW, 1, N, N))
+
+    def roll(t, s):  # torch.roll(t, (s, s), dims=(1, 2)) on [B, L, L, C]
+        for axis in (1, 2):
+            k = s % L
+            t = g.concat([g.slice(t, axis, L - k, L), g.slice(t, axis, 0, L - k)], axis)
+        return t
+
+    def windows(t):  # [B, L, L, C] -> [B * nW, N, C]
+        t = g.transpose(g.reshape(t, (B, L // ws, ws, L // ws, ws, C)), (0, 1, 3, 2, 4, 5))
+        return g.reshape(t, (B * nW, N, C))
+
+    def unwindows(t):  # [B * nW, N, C] -> [B, L, L, C]
+        t = g.transpose(g.reshape(t, (B, L // ws, L // ws, ws, ws, C)), (0, 1, 3, 2, 4, 5))
+        return g.reshape(t, (B, L, L, C))
+
+    x = "x"
+    for i in range(2):
+        s = shift if i == 1 else 0
+        h = g.reshape(_layer_norm(g, x, f"pre_norm{i}", f"b_pre_ln{i}", 1e-5), (B, L, L, C))
+        h = windows(roll(h, -s) if s else h)
+        bias = g.reshape(g.op("Gather", [f"w_rel{i}", rel_index], axis=0), (N, N, n))
+        bias = g.unsqueeze(g.transpose(bias, (2, 0, 1)), 0)
+        q, k, v = (g.transpose(g.reshape(_dense(g, h, f"w_{p}{i}", f"b_{p}{i}"), (B * nW, N, n, C // n)),
+                               (0, 2, 3, 1) if p == "k" else (0, 2, 1, 3)) for p in "qkv")
+        scores = g.op("Add", [g.op("Div", [g.op("MatMul", [q, k]), g.scalar(float(np.sqrt(C // n)))]), bias])
+        if s:
+            scores = g.reshape(g.op("Add", [g.reshape(scores, (B, nW, n, N, N)), mask]), (B * nW, n, N, N))
+        ctx = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
+        ctx = _dense(g, g.reshape(g.transpose(ctx, (0, 2, 1, 3)), (B * nW, N, C)), f"w_o{i}", f"b_o{i}")
+        ctx = unwindows(ctx)
+        ctx = g.reshape(roll(ctx, s) if s else ctx, (B, L * L, C))
+        x = g.op("Add", [x, ctx])
+        x = g.op("Add", [x, _ffn(g, _layer_norm(g, x, f"attn_norm{i}", f"b_attn_ln{i}", 1e-5), i)])
+    # patch merging: x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]
+    grid = g.reshape(x, (B, L, L, C))
+    parts = [g.op("Slice", [grid, g.ints([a, b]), g.ints([L, L]), g.ints([1, 2]), g.ints([2, 2])])
+             for a, b in ((0, 0), (1, 0), (0, 1), (1, 1))]
+    merged = g.reshape(g.concat(parts, axis=-1), (B, (L // 2) ** 2, 4 * C))
+    merged = _layer_norm(g, merged, "merge_norm", "b_merge_ln", 1e-5)
+    return g.finish([g.op("MatMul", [merged, "w_reduce"])])
+
+
 # Shipped models that have no Relax workload twin (written next to the workloads' by write_small)
-EXTRA_MODELS = {"bert_encoder": lambda: bert_encoder_onnx(**BERT_SMALL), "vit": lambda: vit_onnx(**VIT_SMALL)}
+EXTRA_MODELS = {"bert_encoder": lambda: bert_encoder_onnx(**BERT_SMALL), "vit": lambda: vit_onnx(**VIT_SMALL),
+                "swin_stage": lambda: swin_onnx(**SWIN_SMALL)}
 
 
 def onnx_model(workload_name: str, cfg) -> onnx.ModelProto:

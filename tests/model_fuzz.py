@@ -246,7 +246,7 @@ def relative_l2(got, want, same_nonfinite: bool = False) -> float:
                     or not np.isfinite(g[finite]).all():
                 return float("inf")
             g, w = g[finite], w[finite]
-        diff = float(np.linalg.norm((g - w).astype("float64")))
+        diff = float(np.linalg.norm(g.astype("float64") - w.astype("float64")))  # (bool outputs too)
         norm = float(np.linalg.norm(w.astype("float64")))
         worst = max(worst, diff / norm if norm else (0.0 if diff == 0 else float("inf")))
     return worst

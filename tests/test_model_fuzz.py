@@ -124,3 +124,15 @@ def test_a_child_that_dies_or_hangs_is_that_case_crash(monkeypatch):
     assert (res["status"], res["signature"]) == ("crash", "crash:timeout") and time.time() - t0 < 30, res
     monkeypatch.setattr(model_fuzz, "outcome", lambda c: {"status": "passed", "detail": str(c.seed), "signature": ""})
     assert model_fuzz.outcome_in_child(case)["detail"] == "0"
+
+
+def test_relative_l2_compares_boolean_outputs():
+    """A block of a model can return a boolean tensor (model fuzz seed 131009, a Swin stage):
+    the comparison must not subtract booleans (numpy refuses) but compare them."""
+    import numpy as np
+
+    from tests.model_fuzz import relative_l2
+
+    a = np.array([True, False, True])
+    assert relative_l2([a], [a.copy()]) == 0.0
+    assert relative_l2([a], [~a]) > 0
