@@ -7,7 +7,8 @@ writes ``encoder_census.json`` / ``.md``. The models are :mod:`benchmarks.onnx_m
 encoder at BERT-base size (hidden 768, 12 heads, FFN 3072, sequence 128; batch 1 and a symbolic
 batch, ``dim_param``) and ViT at ViT-B/16 size (224 x 224 images, 196 patches + the class token,
 1000 classes; batch 1: TVM's importer cannot take its class token's ``Expand`` with a symbolic
-batch), with random weights as ONNX initializers (so Relax constants, as ``from_onnx`` gives a
+batch) and Swin-T's first stage (56 x 56 tokens, windows of 7, a shifted block, the patch
+merging; batch 1), with random weights as ONNX initializers (so Relax constants, as ``from_onnx`` gives a
 user), fp16 on CUDA (``vtc_tvm.pipeline.cuda_target()``) and fp32 on LLVM. Kernel counts are
 :func:`vtc_tvm.report.kernel_census` (kernels a call launches after fusion; the ``"vtc"``
 pipeline's options); compile times are :func:`benchmarks.compile_time.compile_times`
@@ -26,7 +27,7 @@ import tvm
 import vtc_tvm
 from benchmarks import report_files
 from benchmarks.compile_time import _commit, _target, compile_times
-from benchmarks.onnx_models import bert_encoder_onnx, vit_onnx
+from benchmarks.onnx_models import bert_encoder_onnx, swin_onnx, vit_onnx
 from vtc_tvm.onnx_import import load_onnx
 from vtc_tvm.report import kernel_census
 
@@ -38,6 +39,8 @@ MODELS = {
                                                         layers=layers, dtype=dtype),
     "vit_b16": lambda layers, dtype: vit_onnx(batch=1, image=224, patch=16, hidden=768, heads=12, ffn=3072,
                                               layers=layers, classes=1000, dtype=dtype),
+    # Swin-T's first stage (its two blocks and the patch merging; ``layers`` does not apply)
+    "swin_t_stage1": lambda layers, dtype: swin_onnx(batch=1, side=56, channels=96, window=7, heads=3, dtype=dtype),
 }
 SYMBOLIC_BATCH = ("bert_base",)  # (the ViT's class token Expand fails TVM's importer with one)
 
@@ -70,6 +73,7 @@ def row(name: str, target_name: str, layers: int, symbolic_batch: bool, repeat: 
 def markdown(data: dict) -> str:
     md = [f"# Transformer encoders from ONNX, stock vs vtc (commit {data['commit']})", "",
           f"`{data['command']}`: BERT-base (sequence 128) and ViT-B/16 (224 x 224) with {data['layers']} layers, "
+          "Swin-T's first stage (56 x 56 tokens, two blocks and the patch merging), "
           "weights as ONNX initializers "
           "(Relax constants), fp16 on CUDA (to source: no GPU needed), fp32 on LLVM. Kernels / copy kernels / "
           "planned bytes: `report.kernel_census` (None: symbolic sizes are not planned statically). Compile: "
