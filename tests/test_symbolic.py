@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax
 
 import vtc_tvm
@@ -249,3 +250,23 @@ def test_flip_over_repeat_of_symbolic_length(size):
     vm = relax.VirtualMachine(tvm.compile(vtc_tvm.VirtualTensorize()(bb.get()), target="llvm"), tvm.cpu())
     a = np.random.default_rng(size).standard_normal(size).astype(F32)
     np.testing.assert_array_equal(vm["main"](tvm.runtime.tensor(a)).numpy(), np.repeat(a, 3)[::-1])
+
+
+def test_divisions_by_a_symbolic_size_of_a_multiple_plus_a_remainder_simplify():
+    """``(x*n + r) // n`` -> ``x`` and ``% n`` -> ``r`` when ``0 <= r < n`` (TVM's analyzer only
+    does this for constant divisors). Left in, they made an expand_dims + broadcast copy opaque to
+    FuseOps: one kernel more than stock (fuzz case_43ef0e0e36)."""
+    from tvm.ir import Range
+
+    from vtc_tvm.mapping import _symbolic_divmods
+
+    n, a, r = (tvm.tirx.Var(name, "int64") for name in ("n", "a", "r"))
+    i64 = lambda v: tvm.tirx.IntImm("int64", v)
+    ana = tvm.sym.Analyzer()
+    ana.bind(a, Range(i64(0), i64(2)))
+    ana.bind(r, Range(i64(0), n))
+    div, mod = _symbolic_divmods(tvm.tirx.floordiv(a * n + r, n), ana), _symbolic_divmods(tvm.tirx.floormod(n * a + r, n), ana)
+    assert div.same_as(a) and mod.same_as(r)
+    # a remainder that may reach n is left alone
+    kept = tvm.tirx.floordiv(a * n + r + i64(1), n)
+    assert tvm_ffi.structural_equal(_symbolic_divmods(kept, ana), kept)

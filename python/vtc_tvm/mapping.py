@@ -244,8 +244,8 @@ class Mapping:
     # -- algebra -------------------------------------------------------------------------------
     def simplify(self) -> "Mapping":
         ana = self.analyzer()
-        simplify = lambda e: lowering_safe(_nonnegative_symbolic_mods(ana.simplify(_split_mods(ana.simplify(e), ana)), ana),
-                                            self.vars)
+        simplify = lambda e: lowering_safe(_nonnegative_symbolic_mods(ana.simplify(_symbolic_divmods(
+            ana.simplify(_split_mods(ana.simplify(e), ana)), ana)), ana), self.vars)
         pieces = []
         for p in self.pieces:
             cond = None if p.cond is None else ana.simplify(p.cond)
@@ -375,6 +375,49 @@ def _split_mods(expr, ana):
         return mod
 
     return tvm_ffi.structural_map(expr, (tirx.FloorMod, on_mod), order="post")
+
+
+def _symbolic_divmods(expr, ana):
+    """``(x*n + r) // n`` -> ``x`` and ``(x*n + r) % n`` -> ``r`` for a symbolic ``n`` where
+    ``0 <= r < n`` is provable: ``tvm.sym.Analyzer`` does this for constant divisors only.
+
+    An ``expand_dims`` or ``broadcast_to`` composed with a flattening over a symbolic axis leaves
+    this form; kept, TVM classifies the copy kernel as opaque and FuseOps fuses nothing into it
+    (graph fuzz, CUDA, seed 920: an ``add`` stock fuses into its broadcast became a kernel of its own).
+    """
+
+    def terms(e):
+        return terms(e.a) + terms(e.b) if isinstance(e, tirx.Add) else [e]
+
+    def split(e):  # (x, r) with e.a == x*b + r, or None
+        b = e.b
+        if isinstance(b, tirx.IntImm):
+            return None
+        parts = terms(e.a)
+        for k, t in enumerate(parts):
+            if tvm_ffi.structural_equal(t, b):
+                x = tirx.IntImm(str(e.ty), 1)
+            elif isinstance(t, tirx.Mul) and tvm_ffi.structural_equal(t.b, b):
+                x = t.a
+            elif isinstance(t, tirx.Mul) and tvm_ffi.structural_equal(t.a, b):
+                x = t.b
+            else:
+                continue
+            rest = parts[:k] + parts[k + 1:]
+            r = sum(rest[1:], rest[0]) if rest else tirx.IntImm(str(e.ty), 0)
+            if ana.can_prove(r >= 0) and ana.can_prove(r < b):
+                return x, r
+        return None
+
+    def on_div(e):
+        found = split(e)
+        return e if found is None else found[0]
+
+    def on_mod(e):
+        found = split(e)
+        return e if found is None else found[1]
+
+    return tvm_ffi.structural_map(expr, [(tirx.FloorDiv, on_div), (tirx.FloorMod, on_mod)], order="post")
 
 
 MAX_MOD_SHIFT = 8  # multiples of a symbolic modulus tried (a tile's repeats)
