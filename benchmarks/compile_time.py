@@ -223,11 +223,13 @@ def markdown(data: dict) -> str:
 
 
 def _tables(data: dict) -> list:
-    md = ["Whole compiles (`tvm.compile`: the Relax pipeline plus code generation; CUDA: to CUDA source, no "
-          "nvcc), batch 1, float32 on LLVM, float16 on CUDA:", "",
-          "| target | model | stock wall s | vtc wall s | vtc / stock (wall) | stock CPU s | vtc CPU s | "
-          "vtc / stock (CPU) | of which VirtualTensorize s |",
-          "|---|---|---|---|---|---|---|---|---|"]
+    md = []
+    if data["compiles"]:
+        md += ["Whole compiles (`tvm.compile`: the Relax pipeline plus code generation; CUDA: to CUDA source, no "
+               "nvcc), batch 1, float32 on LLVM, float16 on CUDA:", "",
+               "| target | model | stock wall s | vtc wall s | vtc / stock (wall) | stock CPU s | vtc CPU s | "
+               "vtc / stock (CPU) | of which VirtualTensorize s |",
+               "|---|---|---|---|---|---|---|---|---|"]
     for r in data["compiles"]:
         if "error" in r:
             md.append(f"| {r['target']} | {r['model']} | error: {r['error']} |||||||")
