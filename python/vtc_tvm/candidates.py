@@ -48,7 +48,7 @@ from tvm.ir import Op
 from tvm.relax.expr_functor import PyExprMutator
 
 from . import inplace as inplace_updates
-from .analysis import (BROADCAST, COMM_REDUCE, OUT_EWISE_FUSABLE, VIEW_OPS, call_tir_kernel, contiguity,
+from .analysis import (BROADCAST, COMM_REDUCE, INJECTIVE, OUT_EWISE_FUSABLE, VIEW_OPS, call_tir_kernel, contiguity,
                        index_copy_mapping, index_copy_mappings, op_pattern)
 from .cost import largest_bytes
 from .mapping import Mapping, Piece, VirtualTensor, _i64, _rebind_loads, dim, _substitute, is_static, lowering_safe, new_buffer
@@ -806,15 +806,22 @@ def materialise_directly(value, vt, composed) -> bool:
     """If this movement op stays, should it be one copy kernel from the physical sources?
 
     Yes where composition reached past its own inputs (one kernel instead of a chain) or its
-    stock legalization is broken; reshape-like ops stay ops (stock makes them free views).
+    stock legalization is broken; reshape-like ops stay ops (stock makes them free views), and so
+    does an op whose composed copy of a symbolic shape TVM would classify opaque.
     """
     name = _op_name(value)
     if name in OWN_COPY_OPS:
         return True
     if name in VIEW_OPS:
         return False
-    return len(composed.sources) != len(vt.sources) or any(
+    reached = len(composed.sources) != len(vt.sources) or any(
         not a.same_as(b) for a, b in zip(composed.sources, vt.sources))
+    # A composed copy of a symbolic shape can keep divisions by products of symbolic sizes that
+    # the analyzer cannot fold; TVM then classifies the kernel opaque and FuseOps fuses nothing
+    # into it, where stock fuses the chain of ops (graph fuzz, CUDA, seed 921: expand_dims,
+    # permute_dims, add: 2 kernels against 1). Such an op stays itself, reading its input.
+    return reached and (is_static(composed.mapping.shape)
+                        or cached_op_pattern(copy_kernel(composed.mapping)) <= INJECTIVE)
 
 
 def check_symbols(vt: VirtualTensor):
