@@ -75,6 +75,15 @@ def test_campaign_case_legalized_take_into_concat():
     check_model_case(dataclasses.replace(case, limit=1000))
 
 
+def test_campaign_case_constant_piece_copied_into_a_concat():
+    """Model seed 121589 (the ViT with half its weights bound, store side): the class token, a
+    constant once bound, is a piece of the concat the store side copies into its destination; the
+    log line about it read the constant's name, which a constant has not (AttributeError)."""
+    case = ModelCase(model="vit", seed=121589, weights="mixed", batch_symbolic=False, legalize_first=False,
+                     entry="vt_stores", strategy="contiguity", rate=0.3, sizes=(), limit=2, block=())
+    assert check_model_case(case)["rel_l2"] == 0.0
+
+
 def test_block_cases_match_stock():
     code = ("import json; from tests.model_fuzz import ModelCase, _warm, outcome_in_child; _warm(); "
             f"print('RESULTS', json.dumps([outcome_in_child(c) for c in {BLOCK_CASES!r}]))")

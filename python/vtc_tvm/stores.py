@@ -593,9 +593,10 @@ class _StoreRewriter(PyExprMutator):
             if src in self.redirected:
                 continue
             if not isinstance(src, relax.DataflowVar):
+                # (a parameter or a constant: a bound weight, e.g. a ViT's class token, has no name)
                 logger.info("%s: the elements of %s are copied into it (a grow-by-concat cache copies its past "
                             "rows; a static cache updated in place, VirtualTensorize(inplace=...), does not)",
-                            binding.var.name, src.name)
+                            binding.var.name, src.name if isinstance(src, relax.Var) else "a constant")
             # A gathered piece reads index tensors of the copy in its index (take: src[idx[u]]):
             # its kernel takes them as inputs too, after its data source (found by the fuzzer:
             # tests/test_model_fuzz.py, a take of a split half concatenated with a relu).
