@@ -68,6 +68,17 @@ def _uses(expr, var) -> bool:
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
 
 
+def _lane_split(last, extent: int, lanes: int, ana=None):
+    """``(analyzer, r, q * lanes + r)``: ``last`` over ``extent`` steps as aligned vectors of
+    ``lanes``, ``q`` the vector and ``r`` the lane, both bound in the analyzer."""
+    ana = ana or tvm.sym.Analyzer()
+    dtype = str(last.ty)
+    q, r = tirx.Var("q", dtype), tirx.Var("r", dtype)
+    ana.bind(q, tvm.ir.Range(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, -(-extent // lanes))))
+    ana.bind(r, tvm.ir.Range(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, lanes)))
+    return ana, r, q * lanes + r
+
+
 def _unit_aligned(shape, indices, last, lanes: int, extent: int, ana=None) -> bool:
     """Whether element ``indices`` of a row-major tensor of ``shape`` is read (or written) along
     ``last`` (``extent`` steps) in aligned vectors of ``lanes`` that TVM's vectorizer turns into
@@ -76,12 +87,8 @@ def _unit_aligned(shape, indices, last, lanes: int, extent: int, ana=None) -> bo
     multiple of ``lanes``. (An address that merely moves by one is not enough: ``x[j // 5, j % 5]``
     over 8 lanes is contiguous in memory, but its indices are no ramps, and TVM's CUDA code
     generator prints the int32x8 index arithmetic the vectorizer leaves as invalid CUDA.)"""
-    ana = ana or tvm.sym.Analyzer()
-    dtype = str(last.ty)
-    q, r = tirx.Var("q", dtype), tirx.Var("r", dtype)
-    ana.bind(q, tvm.ir.Range(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, -(-extent // lanes))))
-    ana.bind(r, tvm.ir.Range(tirx.IntImm(dtype, 0), tirx.IntImm(dtype, lanes)))
-    split = [ana.simplify(_substitute(_i64(i), {last: q * lanes + r})) for i in indices]
+    ana, r, vector = _lane_split(last, extent, lanes, ana)
+    split = [ana.simplify(_substitute(_i64(i), {last: vector})) for i in indices]
     if not split or any(_uses(i, r) for i in split[:-1]):
         return False
     base = ana.simplify(split[-1] - r)
@@ -311,11 +318,8 @@ def _uniform(cond, last, extent: int, lanes: int) -> bool:
     """Whether ``cond`` takes one value on each aligned vector of ``lanes`` along ``last``."""
     if not _uses(cond, last):
         return True
-    ana = tvm.sym.Analyzer()
-    q, r = tirx.Var("q", str(last.ty)), tirx.Var("r", str(last.ty))
-    ana.bind(q, tvm.ir.Range(0, extent // lanes))
-    ana.bind(r, tvm.ir.Range(0, lanes))
-    split = _substitute(cond, {last: q * lanes + r})
+    ana, r, vector = _lane_split(last, extent, lanes)
+    split = _substitute(cond, {last: vector})
     # (the simplifier folds `q * lanes + r < c` to `q < c / lanes` but leaves `c <= q * lanes + r`)
     return not _uses(ana.simplify(split), r) or not _uses(ana.simplify(tirx.Not(split)), r)
 

@@ -349,6 +349,11 @@ class Mapping:
         return "\n".join(lines)
 
 
+def _add_terms(e) -> list:
+    """The terms of a sum ``a + b + ...`` (``e`` itself when it is no sum)."""
+    return _add_terms(e.a) + _add_terms(e.b) if isinstance(e, tirx.Add) else [e]
+
+
 def _split_mods(expr, ana):
     """``(a*c + r) % m`` -> ``(a % (m/c))*c + r`` when c divides m and 0 <= r < c.
 
@@ -356,13 +361,10 @@ def _split_mods(expr, ana):
     which ``tvm.sym.Analyzer`` leaves alone; after the split it simplifies fully.
     """
 
-    def terms(e):
-        return terms(e.a) + terms(e.b) if isinstance(e, tirx.Add) else [e]
-
     def on_mod(mod):
         if not isinstance(mod.b, tirx.IntImm):
             return mod
-        m, parts = int(mod.b.value), terms(mod.a)
+        m, parts = int(mod.b.value), _add_terms(mod.a)
         for k, t in enumerate(parts):
             if not (isinstance(t, tirx.Mul) and isinstance(t.b, tirx.IntImm)):
                 continue
@@ -386,14 +388,11 @@ def _symbolic_divmods(expr, ana):
     (graph fuzz, CUDA, seed 920: an ``add`` stock fuses into its broadcast became a kernel of its own).
     """
 
-    def terms(e):
-        return terms(e.a) + terms(e.b) if isinstance(e, tirx.Add) else [e]
-
     def split(e):  # (x, r) with e.a == x*b + r, or None
         b = e.b
         if isinstance(b, tirx.IntImm):
             return None
-        parts = terms(e.a)
+        parts = _add_terms(e.a)
         for k, t in enumerate(parts):
             if tvm_ffi.structural_equal(t, b):
                 x = tirx.IntImm(str(e.ty), 1)
