@@ -49,7 +49,7 @@ from vtc_tvm.report import fused_module, kernel_census, uses_tensor_cores
 from vtc_tvm.transform import VirtualTensorize
 
 from . import tuning
-from .timing import cache_bytes, copies_for, rotation, time_callable
+from .timing import cache_bytes, copies_for, rotation, time_callable, time_interleaved
 from .whole_models import WHOLE_WORKLOADS
 from .workloads import WORKLOADS, is_weight, load_torch, torch_module
 
@@ -288,8 +288,10 @@ def run_case(wl, batch, args, target, dev, torch):
 
     # Latency (the VM function called in a loop, exactly as the torch peers' forward below), and
     # time_evaluator as a cross-check (no rotation).
+    # stock and vtc measured in turn, so a drift of the shared GPU falls on both alike.
+    timings = time_interleaved({v: (vm["main"], sets) for v, vm in vms.items()}, device=dev, repeat=args.repeat)
     for v, vm in vms.items():
-        timing = time_callable(vm["main"], sets, device=dev, repeat=args.repeat)
+        timing = timings[v]
         row[f"{v}_ms"] = timing.median_ms
         row[f"{v}_timing"] = timing.as_dict()
         te = vm.time_evaluator("main", dev, number=1, repeat=args.repeat)(*sets[0])
@@ -297,7 +299,8 @@ def run_case(wl, batch, args, target, dev, torch):
     row["speedup"] = row["stock_ms"] / row["vtc_ms"] if row["vtc_ms"] else None
     if "stock_sched_ms" in row:
         row["sched_speedup"] = row["stock_ms"] / row["stock_sched_ms"] if row["stock_sched_ms"] else None
-    row["timing"] = f"benchmarks.timing.time_callable: {timing.method}, median of {args.repeat} measurements"
+    row["timing"] = (f"benchmarks.timing.time_interleaved (stock and vtc in turn): {timing.method}, "
+                     f"median of {args.repeat} measurements")
 
     # Per-kernel GPU time, split into data movement / compute.
     if gpu and torch is not None:

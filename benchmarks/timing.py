@@ -12,7 +12,8 @@ Both sides are timed the same way, so the numbers compare:
 3. with ``flush_l2`` a buffer of twice the L2 is overwritten before every measurement (outside
    the timed region), so the first call starts cold; weights that fit in L2 are then hot for the
    later calls of a measurement on both sides alike;
-4. ``repeat`` measurements; the result is their median, per call.
+4. ``repeat`` measurements; the result is their median, per call. Callables compared with one
+   another (stock and vtc) are timed by :func:`time_interleaved`, one measurement of each in turn.
 
 On CUDA the region is bracketed by CUDA events on the current stream when torch is present
 (TVM's VM and torch both launch on the default stream) and by host clocks around a device sync
@@ -143,29 +144,45 @@ def time_callable(fn: Callable, input_sets: Sequence[Sequence], *, device, warmu
     goes on across measurements). ``warmup`` calls come first (compilation, CUDA graph capture, the
     VM's first allocations stay out of the numbers).
     """
-    sets = list(input_sets)
-    if not sets:
-        raise ValueError("time_callable needs at least one input set")
+    return time_interleaved({"": (fn, input_sets)}, device=device, warmup=warmup, number=number, repeat=repeat,
+                            flush_l2=flush_l2, min_measure_ms=min_measure_ms)[""]
+
+
+def time_interleaved(callables: dict, *, device, warmup: int = 10, number: int | None = None, repeat: int = 30,
+                     flush_l2: bool = True, min_measure_ms: float = 10.0) -> dict:
+    """:func:`time_callable` of several callables, ``{name: (fn, input_sets)}`` -> ``{name: Timing}``,
+    their measurements interleaved (a, b, a, b, ...): a drift of the shared device's speed during
+    the run falls on all of them alike, so their ratio does not depend on which one ran first."""
     clock = _Clock(device, 2 * cache_bytes(device))
-    for i in range(max(warmup, 1)):
-        fn(*sets[i % len(sets)])
-    clock.sync()
-    if number is None:
-        t0 = clock.start()
-        fn(*sets[0])
-        one = max(clock.stop(t0), 1e-3)
-        number = max(1, math.ceil(min_measure_ms / one))
-    times, k = [], 0
+    plans = {}
+    for name, (fn, input_sets) in callables.items():
+        sets = list(input_sets)
+        if not sets:
+            raise ValueError(f"time_callable needs at least one input set ({name or 'fn'} has none)")
+        for i in range(max(warmup, 1)):
+            fn(*sets[i % len(sets)])
+        clock.sync()
+        n = number
+        if n is None:
+            t0 = clock.start()
+            fn(*sets[0])
+            n = max(1, math.ceil(min_measure_ms / max(clock.stop(t0), 1e-3)))
+        plans[name] = (fn, sets, n)
+    times = {name: [] for name in plans}
+    calls = {name: 0 for name in plans}  # the rotation goes on across measurements
     for _ in range(repeat):
-        if flush_l2:
-            clock.flush()
-        clock.sync()  # the device is idle when the region starts: the first launch counts
-        t0 = clock.start()
-        for _ in range(number):
-            fn(*sets[k % len(sets)])
-            k += 1
-        times.append(clock.stop(t0) / number)
-    return Timing(float(np.median(times)), times, number, repeat, len(sets), clock.method)
+        for name, (fn, sets, n) in plans.items():
+            if flush_l2:
+                clock.flush()
+            clock.sync()  # the device is idle when the region starts: the first launch counts
+            t0 = clock.start()
+            k = calls[name]
+            for j in range(n):
+                fn(*sets[(k + j) % len(sets)])
+            calls[name] = k + n
+            times[name].append(clock.stop(t0) / n)
+    return {name: Timing(float(np.median(times[name])), times[name], n, repeat, len(sets), clock.method)
+            for name, (fn, sets, n) in plans.items()}
 
 
 def copies_for(nbytes: int, cache: int, max_copies: int = 64) -> int:

@@ -9,7 +9,7 @@ import tvm
 from tvm import relax
 from tvm.relax import op as R
 
-from benchmarks.timing import copies_for, rotation, time_callable
+from benchmarks.timing import copies_for, rotation, time_callable, time_interleaved
 
 
 def _vm():
@@ -67,6 +67,30 @@ def test_time_callable_tvm_vm():
     auto = time_callable(main, sets, device="cpu", warmup=1, repeat=3, min_measure_ms=2.0, flush_l2=False)
     assert auto.number >= 1 and math.isfinite(auto.median_ms) and auto.median_ms > 0
     assert auto.median_ms * auto.number >= 0.5  # about min_measure_ms per measurement (timer noise aside)
+
+
+def test_time_interleaved_takes_turns():
+    """Stock and vtc are measured in turn: each measurement of one follows one of the other, so a
+    drift of the device's speed cannot favour the one timed first."""
+    vm = _vm()
+    arrays = _arrays()
+    sets = rotation(arrays, lambda a: tvm.runtime.tensor(a, tvm.cpu()), shared=[False, True], device="cpu",
+                    max_copies=2)
+    order = []
+
+    def make(name):
+        def call(*args):
+            order.append(name)
+            return vm["main"](*args)
+        return call
+
+    t = time_interleaved({"stock": (make("stock"), sets), "vtc": (make("vtc"), sets[:1])}, device="cpu",
+                         warmup=1, number=3, repeat=4, flush_l2=False)
+    assert set(t) == {"stock", "vtc"}
+    assert all(len(x.times_ms) == 4 and x.median_ms > 0 and x.number == 3 for x in t.values())
+    assert (t["stock"].sets, t["vtc"].sets) == (2, 1)
+    timed = order[2:]  # after one warm-up call each
+    assert timed == (["stock"] * 3 + ["vtc"] * 3) * 4
 
 
 def test_time_callable_torch_cpu():
