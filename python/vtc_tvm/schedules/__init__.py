@@ -6,6 +6,8 @@ pipeline; ``ApplySchedules(target)`` is ``dlight.ApplyDefaultSchedule`` over tha
 * :class:`TensorCoreGEMM` (:mod:`.tensor_core_gemm`): 16..64-row fp16 projections on WMMA tensor cores
 * :class:`LowBatchGEMM` (:mod:`.low_batch_gemm`): 1 <= M <= 64 projections as batched GEMVs (the rest)
 * :class:`DecodeAttention` (:mod:`.decode_attention`): q K^T and probs V over a KV cache
+* :class:`WindowReduction` (:mod:`.window_reduction`): depthwise convolutions and pooling
+  windows, one thread an output element (DLight spreads their 9 terms over a block)
 * :func:`widen_accumulator` (:mod:`.accumulate`): the float32-accumulation TIR rewrite both use
 * :mod:`.batched_gemv`: the shared matcher, schedule and tiling plan (target data: SM counts)
 
@@ -22,6 +24,7 @@ from .accumulate import widen_accumulator
 from .decode_attention import DecodeAttention
 from .low_batch_gemm import LowBatchGEMM
 from .tensor_core_gemm import TensorCoreGEMM
+from .window_reduction import WindowReduction
 
 
 def stock_rules(target) -> list:
@@ -38,7 +41,7 @@ def stock_rules(target) -> list:
 
 def our_rules(target) -> list:
     """Our rules, most specialised first (they return None on anything else)."""
-    return [DecodeAttention(), TensorCoreGEMM(), LowBatchGEMM()]
+    return [WindowReduction(), DecodeAttention(), TensorCoreGEMM(), LowBatchGEMM()]
 
 
 def default_rules(target) -> list:
@@ -54,4 +57,4 @@ def ApplySchedules(target) -> tvm.transform.Pass:  # noqa: N802 - a pass, named 
 
 
 __all__ = ["ApplySchedules", "DecodeAttention", "LowBatchGEMM", "default_rules", "our_rules",
-           "stock_rules", "TensorCoreGEMM", "widen_accumulator"]
+           "stock_rules", "TensorCoreGEMM", "WindowReduction", "widen_accumulator"]

@@ -1,0 +1,182 @@
+"""vtc_tvm.schedules.WindowReduction: which kernels it takes (depthwise convolutions, pooling
+windows), that its schedules are well-formed, compute the same function (on llvm with the
+thread loops serial, as tests/test_schedules.py does), compile to CUDA with nvcc, and that the
+pipelines launch as many kernels with it as without."""
+
+import re
+import shutil
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax, tirx
+from tvm.s_tir.analysis import verify_well_formed
+from tvm.support import nvcc
+
+import vtc_tvm.schedules as S
+from vtc_tvm.pipeline import cuda_target, vtc_pipeline
+from tests.conftest import run_llvm, serial_threads
+
+TARGET = cuda_target()
+RULE = S.WindowReduction()
+
+
+def fused_kernels(build, params):
+    """The fused PrimFuncs of a Relax function (``build(bb, *params) -> output``) after LegalizeOps,
+    FuseOps and FuseTIR: the kernels the schedule rules see."""
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(build(bb, *params))
+        bb.emit_func_output(out)
+    mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+                                    relax.transform.FuseOps(), relax.transform.FuseTIR()])(bb.get())
+    return [f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
+
+
+def conv(C=116, k=3, stride=2, groups=None, cin=None, bias=True, relu=True, N=2, H=28, dtype="float16"):
+    """``relu(conv2d(x, w) + b)``, depthwise unless ``groups`` says otherwise; ``N`` may be a name
+    (a symbolic batch)."""
+    groups = groups or C
+    cin = cin or C
+    n = tirx.Var(N, "int64") if isinstance(N, str) else N
+    x = relax.Var("x", relax.TensorType((n, cin, H, H), dtype))
+    w = relax.Var("w", relax.TensorType((C, cin // groups, k, k), dtype))
+    b = relax.Var("b", relax.TensorType((1, C, 1, 1), dtype))
+
+    def build(bb, x, w, b):
+        y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=k // 2, groups=groups))
+        if bias:
+            y = bb.emit(relax.op.add(y, b))
+        return relax.op.nn.relu(y) if relu else y
+
+    (func,) = fused_kernels(build, [x, w, b])
+    return func
+
+
+def pool(kind="max", k=3, stride=2, C=64, H=28, dtype="float16"):
+    x = relax.Var("x", relax.TensorType((2, C, H, H), dtype))
+    op = relax.op.nn.max_pool2d if kind == "max" else relax.op.nn.avg_pool2d
+    (func,) = fused_kernels(lambda bb, x: op(x, (k, k), (stride, stride), (k // 2,) * 4), [x])
+    return func
+
+
+def _schedule(func, rule=RULE, target=TARGET):
+    with target:
+        sch = rule.apply(func, target, False)
+    return None if sch is None else sch.mod["main"]
+
+
+def _arrays(func, rng, dims=None):
+    shape = lambda p: [int(d) if isinstance(d, tirx.IntImm) else dims[str(d)] for d in p.shape]
+    return [rng.uniform(-1, 1, shape(p)).astype(str(p.dtype)) for p in func.params]
+
+
+TAKEN = {  # name -> kernel of dtype
+    "dw3x3 s2 + bias + relu": lambda dtype: conv(dtype=dtype),
+    "dw3x3 s1, no epilogue": lambda dtype: conv(stride=1, bias=False, relu=False, dtype=dtype),
+    "dw5x5 + bias": lambda dtype: conv(C=64, k=5, stride=1, relu=False, dtype=dtype),
+    "max pool 3x3": lambda dtype: pool("max", dtype=dtype),
+    "avg pool 3x3": lambda dtype: pool("avg", dtype=dtype),
+    # EfficientViT's grouped 1x1 conv: 8 input channels a group, over a unit window (legalized
+    # group_conv2d_nchw keeps its 1x1 window axes; a dense conv2d_nchw of 1x1 drops them)
+    "grouped 1x1, 8 channels a group": lambda dtype: conv(C=96, k=1, stride=1, groups=12, relu=False, dtype=dtype),
+}
+
+
+@pytest.mark.parametrize("name", list(TAKEN))
+def test_takes_windows_and_preserves_semantics(name):
+    """Scheduled (threads serial) against the kernel as FuseTIR wrote it, both in fp16, and both
+    against the same kernel in float32: ours sums in a float32 register, so it is at least as
+    close to the float32 result as the unscheduled fp16 kernel, up to one fp16 rounding."""
+    func = TAKEN[name]("float16")
+    scheduled = _schedule(func)
+    assert scheduled is not None and verify_well_formed(scheduled)
+    arrays = _arrays(func, np.random.default_rng(3))
+    stock = run_llvm(func, [a.copy() for a in arrays]).astype(np.float64)
+    ours = run_llvm(serial_threads(scheduled), [a.copy() for a in arrays]).astype(np.float64)
+    exact = run_llvm(TAKEN[name]("float32"), [a.astype("float32") for a in arrays]).astype(np.float64)
+    scale = np.abs(exact).max()
+    assert scale > 0.5  # not a comparison of zeros
+    ulp = 2.0 ** -10 * scale
+    assert np.abs(ours - exact).max() <= np.abs(stock - exact).max() + ulp
+    np.testing.assert_allclose(ours, exact, rtol=0, atol=2 * ulp)
+
+
+def test_one_thread_an_output_element_in_one_kernel():
+    """The epilogue runs in the same thread on the register (one kernel, no cross-thread sums),
+    and the grid covers the outputs: 2 x 116 x 14 x 14 elements, 256 a block."""
+    src = _cuda_source([_schedule(conv())])
+    assert len(re.findall(r"__global__[^;{]*\{", src)) == 1  # one kernel defined
+    assert "__syncthreads" not in src and "__shfl" not in src
+    assert "float" in src  # the float32 accumulator
+
+
+def test_symbolic_batch_is_taken_and_runs():
+    func = conv(N="n", C=32, H=12)
+    scheduled = _schedule(func)
+    assert scheduled is not None
+    arrays = _arrays(func, np.random.default_rng(5), dims={"n": 3})
+    want = run_llvm(func, [a.copy() for a in arrays]).astype(np.float64)
+    got = run_llvm(serial_threads(scheduled), [a.copy() for a in arrays]).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2.0 ** -9 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("make,why", [
+    (lambda: conv(C=32, groups=1), "a dense 3x3 conv sums 32 x 9 = 288 terms an output"),
+    (lambda: conv(C=32, k=1, groups=1), "a dense 1x1 conv (a GEMM) reads no window"),
+    (lambda: conv(C=4, N=1, H=8), "4 x 4 x 4 = 64 outputs: below min_outputs"),
+])
+def test_declines(make, why):
+    assert _schedule(make()) is None, why
+
+
+def test_declines_gemms_softmax_and_cpu_targets():
+    x = relax.Var("x", relax.TensorType((64, 32), "float16"))
+    w = relax.Var("w", relax.TensorType((32, 64), "float16"))
+    (gemm,) = fused_kernels(lambda bb, x, w: relax.op.matmul(x, w), [x, w])
+    (softmax,) = fused_kernels(lambda bb, x: relax.op.nn.softmax(x), [x])
+    assert _schedule(gemm) is None and _schedule(softmax) is None
+    assert _schedule(conv(), target=tvm.target.Target("llvm")) is None
+
+
+def _cuda_source(funcs) -> str:
+    mod = tvm.IRModule({f"k{i}": f.with_attr("global_symbol", f"k{i}") for i, f in enumerate(funcs)})
+    with TARGET:
+        return tvm.tirx.build(mod, target=TARGET).imports[0].inspect_source()
+
+
+def test_cuda_source_compiles_with_nvcc():
+    src = _cuda_source([_schedule(make("float16")) for make in TAKEN.values()] + [_schedule(conv(N="n", C=32, H=12))])
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH: CUDA source generated but not compiled")
+    with TARGET:
+        assert nvcc.compile_cuda(src, target_format="ptx", arch="sm_90", compiler="nvcc")
+
+
+@pytest.mark.slow
+def test_shufflenet_unit_launches_as_many_kernels_with_the_rule():
+    """The ShuffleNet unit (depthwise 3x3 convolutions, one of them read through the channel
+    shuffle's mapping by vtc) through the "vtc" pipeline with our rules and with DLight's alone:
+    the same kernels, and ours scheduled every depthwise one (no cross-thread sums left)."""
+    from benchmarks.workloads import WORKLOADS
+
+    wl = WORKLOADS["shufflenet_unit"]
+    mod = wl.build(wl.config("small", 2, "float16"))
+    sources = {s: _compiled_source(tvm.compile(mod, target=TARGET, relax_pipeline=vtc_pipeline(TARGET, schedules=s)))
+               for s in ("vtc", "dlight")}
+    kernels = {s: re.findall(r"__global__ void(?: __launch_bounds__\(\d+\))? (\w+)\([^;{]*\{(.*?)\n\}", src, re.S)
+               for s, src in sources.items()}
+    assert len(kernels["vtc"]) == len(kernels["dlight"]) > 0
+    cross_thread_convs = {s: [name for name, body in ks if "conv2d" in name and "__shfl" in body]
+                          for s, ks in kernels.items()}
+    assert cross_thread_convs["dlight"] and not cross_thread_convs["vtc"]
+
+
+def _compiled_source(ex) -> str:
+    def find(m):
+        if m.kind == "cuda":
+            return m.inspect_source()
+        return next((s for s in (find(sub) for sub in m.imports) if s), "")
+
+    return find(ex.mod)
