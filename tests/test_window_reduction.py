@@ -81,6 +81,8 @@ TAKEN = {  # name -> kernel of dtype
     # EfficientViT's grouped 1x1 conv: 8 input channels a group, over a unit window (legalized
     # group_conv2d_nchw keeps its 1x1 window axes; a dense conv2d_nchw of 1x1 drops them)
     "grouped 1x1, 8 channels a group": lambda dtype: conv(C=96, k=1, stride=1, groups=12, relu=False, dtype=dtype),
+    # a network's stem: 3 input channels x 3 x 3 = 27 terms
+    "stem 3x3 s2, 3 input channels": lambda dtype: conv(C=16, cin=3, groups=1, dtype=dtype),
 }
 
 

@@ -17,7 +17,7 @@ so EfficientViT's grouped 1x1 convolutions of 8 channels a group are taken, whil
 convolution, a GEMM, is not), the other blocks injective (a padding producer inlined, at most
 one epilogue after inlining); 2. at most ``max_terms`` terms an output element (a static
 reduction extent): a dense 3x3 convolution also sums over its input channels and stays with
-DLight, whose threads then share real work; 3. at least ``min_outputs`` output elements when
+DLight, whose threads then share real work, unless it has at most 7 (a network's RGB stem); 3. at least ``min_outputs`` output elements when
 the spatial extents are static (below, a block of threads is mostly idle either way). Pooling
 windows (max, average) are taken like depthwise convolutions.
 """
