@@ -1068,7 +1068,7 @@ def differential(mod: tvm.IRModule, arrays, strategies=STRATEGIES, reports=None)
     return results
 
 
-def _cuda_sources(ex) -> str:
+def cuda_sources(ex) -> str:
     """The CUDA source of a built executable (its device modules, imported by the host's)."""
     found, todo = [], [ex.mod]
     while todo:
@@ -1086,7 +1086,7 @@ def cuda_build(mod: tvm.IRModule, pipeline=None) -> None:
 
     target = cuda_target()
     ex = tvm.compile(mod, target=target) if pipeline is None else tvm.compile(mod, target=target, relax_pipeline=pipeline)
-    src = _cuda_sources(ex)
+    src = cuda_sources(ex)
     if src and shutil.which("nvcc"):
         from tvm.support import nvcc
 

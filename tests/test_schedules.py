@@ -22,6 +22,7 @@ from vtc_tvm.rewrite import normalize_loops
 from vtc_tvm.pipeline import _backend, cuda_target, stock_vtc_schedules_pipeline, vtc_pipeline
 from vtc_tvm.schedules import batched_gemv, tensor_core_gemm
 from tests.conftest import run_llvm, serial_threads
+from tests.fuzz import cuda_sources
 
 TARGET = cuda_target()
 SMALL = dict(gemm=S.LowBatchGEMM(min_weight=1, min_reduction=1), attn=S.DecodeAttention(min_context=8),
@@ -438,19 +439,10 @@ def test_pipeline_takes_a_users_rule_list():
             out = bb.emit_output(relax.op.matmul(x, w))
         bb.emit_func_output(out)
     mod = bb.get()
-    own = _cuda_source(tvm.compile(mod, target=TARGET, relax_pipeline=vtc_pipeline(TARGET, schedules=[dl.gpu.Fallback()])))
-    ours = _cuda_source(tvm.compile(mod, target=TARGET, relax_pipeline=vtc_pipeline(TARGET, schedules="vtc")))
+    own = cuda_sources(tvm.compile(mod, target=TARGET, relax_pipeline=vtc_pipeline(TARGET, schedules=[dl.gpu.Fallback()])))
+    ours = cuda_sources(tvm.compile(mod, target=TARGET, relax_pipeline=vtc_pipeline(TARGET, schedules="vtc")))
     # the batched GEMV's reduction-factor buffers (rfactor), which Fallback never makes
     assert "acc_rf" in ours and "acc_rf" not in own
-
-
-def _cuda_source(ex) -> str:
-    def find(m):
-        if m.kind == "cuda":
-            return m.inspect_source()
-        return next((s for s in (find(sub) for sub in m.imports) if s), "")
-
-    return find(ex.mod)
 
 
 def _small_decode(dtype="float16"):
@@ -475,7 +467,7 @@ def test_decode_layer_builds_with_our_schedules():
         hidden=1024, intermediate=1024, ctx=256, batch=2, seq=1, dtype="float16"))
     for pipe in (vtc_pipeline(TARGET, schedules="vtc"), stock_vtc_schedules_pipeline(TARGET)):
         ex = tvm.compile(mod, target=TARGET, relax_pipeline=pipe)
-        assert "__global__" in _cuda_source(ex)
+        assert "__global__" in cuda_sources(ex)
 
     with TARGET:
         virtual = VirtualTensorize(target=TARGET, memory_guard=True)(mod)

@@ -16,6 +16,7 @@ from tvm.support import nvcc
 import vtc_tvm.schedules as S
 from vtc_tvm.pipeline import cuda_target, vtc_pipeline
 from tests.conftest import run_llvm, serial_threads
+from tests.fuzz import cuda_sources
 
 TARGET = cuda_target()
 RULE = S.WindowReduction()
@@ -108,7 +109,7 @@ def test_takes_windows_and_preserves_semantics(name):
 def test_one_thread_an_output_element_in_one_kernel():
     """The epilogue runs in the same thread on the register (one kernel, no cross-thread sums),
     and the grid covers the outputs: 2 x 116 x 14 x 14 elements, 256 a block."""
-    src = _cuda_source([_schedule(conv())])
+    src = _source_of_kernels([_schedule(conv())])
     assert len(re.findall(r"__global__[^;{]*\{", src)) == 1  # one kernel defined
     assert "__syncthreads" not in src and "__shfl" not in src
     assert "float" in src  # the float32 accumulator
@@ -142,14 +143,14 @@ def test_declines_gemms_softmax_and_cpu_targets():
     assert _schedule(conv(), target=tvm.target.Target("llvm")) is None
 
 
-def _cuda_source(funcs) -> str:
+def _source_of_kernels(funcs) -> str:
     mod = tvm.IRModule({f"k{i}": f.with_attr("global_symbol", f"k{i}") for i, f in enumerate(funcs)})
     with TARGET:
         return tvm.tirx.build(mod, target=TARGET).imports[0].inspect_source()
 
 
 def test_cuda_source_compiles_with_nvcc():
-    src = _cuda_source([_schedule(make("float16")) for make in TAKEN.values()] + [_schedule(conv(N="n", C=32, H=12))])
+    src = _source_of_kernels([_schedule(make("float16")) for make in TAKEN.values()] + [_schedule(conv(N="n", C=32, H=12))])
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc not on PATH: CUDA source generated but not compiled")
     with TARGET:
@@ -165,7 +166,7 @@ def test_shufflenet_unit_launches_as_many_kernels_with_the_rule():
 
     wl = WORKLOADS["shufflenet_unit"]
     mod = wl.build(wl.config("small", 2, "float16"))
-    sources = {s: _compiled_source(tvm.compile(mod, target=TARGET, relax_pipeline=vtc_pipeline(TARGET, schedules=s)))
+    sources = {s: cuda_sources(tvm.compile(mod, target=TARGET, relax_pipeline=vtc_pipeline(TARGET, schedules=s)))
                for s in ("vtc", "dlight")}
     kernels = {s: re.findall(r"__global__ void(?: __launch_bounds__\(\d+\))? (\w+)\([^;{]*\{(.*?)\n\}", src, re.S)
                for s, src in sources.items()}
@@ -173,12 +174,3 @@ def test_shufflenet_unit_launches_as_many_kernels_with_the_rule():
     cross_thread_convs = {s: [name for name, body in ks if "conv2d" in name and "__shfl" in body]
                           for s, ks in kernels.items()}
     assert cross_thread_convs["dlight"] and not cross_thread_convs["vtc"]
-
-
-def _compiled_source(ex) -> str:
-    def find(m):
-        if m.kind == "cuda":
-            return m.inspect_source()
-        return next((s for s in (find(sub) for sub in m.imports) if s), "")
-
-    return find(ex.mod)
