@@ -82,8 +82,6 @@ TAKEN = {  # name -> kernel of dtype
     # EfficientViT's grouped 1x1 conv: 8 input channels a group, over a unit window (legalized
     # group_conv2d_nchw keeps its 1x1 window axes; a dense conv2d_nchw of 1x1 drops them)
     "grouped 1x1, 8 channels a group": lambda dtype: conv(C=96, k=1, stride=1, groups=12, relu=False, dtype=dtype),
-    # a network's stem: 3 input channels x 3 x 3 = 27 terms
-    "stem 3x3 s2, 3 input channels": lambda dtype: conv(C=16, cin=3, groups=1, dtype=dtype),
 }
 
 
@@ -127,6 +125,7 @@ def test_symbolic_batch_is_taken_and_runs():
 
 @pytest.mark.parametrize("make,why", [
     (lambda: conv(C=32, groups=1), "a dense 3x3 conv sums 32 x 9 = 288 terms an output"),
+    (lambda: conv(C=16, cin=3, groups=1), "an RGB stem (27 terms) is an implicit GEMM: DLight's Matmul tiles it"),
     (lambda: conv(C=32, k=1, groups=1), "a dense 1x1 conv (a GEMM) reads no window"),
     (lambda: conv(C=4, N=1, H=8), "4 x 4 x 4 = 64 outputs: below min_outputs"),
 ])

@@ -11,15 +11,16 @@ whole output elements: the window's terms unrolled into one float32 register (fp
 that value before the one store; consecutive threads take consecutive output columns, so the
 window's loads coalesce.
 
-Limits: 1. one reduction block, whose reads index a window (an index that adds a reduction axis
-to a spatial one, ``x[n, c, h * 2 + kh, w * 2 + kw]``; a grouped convolution's 1x1 window counts,
-so EfficientViT's grouped 1x1 convolutions of 8 channels a group are taken, while a dense 1x1
-convolution, a GEMM, is not), the other blocks injective (a padding producer inlined, at most
-one epilogue after inlining); 2. at most ``max_terms`` terms an output element (a static
-reduction extent): a dense 3x3 convolution also sums over its input channels and stays with
-DLight, whose threads then share real work, unless it has at most 7 (a network's RGB stem); 3. at least ``min_outputs`` output elements when
-the spatial extents are static (below, a block of threads is mostly idle either way). Pooling
-windows (max, average) are taken like depthwise convolutions.
+Limits: 1. one reduction block, whose reads index a window (an index that adds a reduction
+axis to a spatial one, ``x[n, c, h * 2 + kh, w * 2 + kw]``; a grouped convolution's 1x1 window
+counts, so EfficientViT's grouped 1x1 convolutions of 8 channels a group are taken), the other
+blocks injective (a padding producer inlined, at most one epilogue after inlining); 2. no GEMM
+in it (:func:`holds_a_gemm`): a dense convolution, even a network's RGB stem of 27 terms, is an
+implicit GEMM that DLight's Matmul rule tiles; 3. at most ``max_terms`` terms an output element
+(a static reduction extent); 4. at least ``min_outputs`` output elements when the spatial
+extents are static (below, a block of threads is mostly idle either way). Pooling windows (max,
+average) are taken like depthwise convolutions (DLight gives an average pool to GeneralReduction
+too, a max pool to its Fallback, one thread an output as here).
 """
 
 from __future__ import annotations
@@ -50,6 +51,15 @@ def reads_a_window(stmt) -> bool:
     return False
 
 
+def holds_a_gemm(stmt) -> bool:
+    """Whether two of ``stmt``'s reads each have an output axis of their own (``x[n, ci, h + kh, w + kw]``
+    and ``w[co, ci, kh, kw]``: a dense convolution is an implicit GEMM, which DLight's Matmul rule
+    tiles; a depthwise or grouped one reads the output channel in both operands)."""
+    spatial = {iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
+    used = [set(collect_block_iter_vars_used_in_access_region(stmt, r.region)) & spatial for r in stmt.reads]
+    return any(a - b and b - a for i, a in enumerate(used) for b in used[i + 1:])
+
+
 def _extent(stmt, kind):
     """The product of ``stmt``'s iter extents of ``kind`` (None if one is not static)."""
     extents = [iv.dom.extent for iv in stmt.iter_vars if iv.iter_type == kind]
@@ -65,11 +75,12 @@ class WindowReduction(GPUScheduleRule):
         self.max_terms, self.min_outputs = max_terms, min_outputs
 
     def accepts(self, stmt) -> bool:
-        """Limits 1-3 on the reduction block ``stmt``."""
+        """Limits 1-4 on the reduction block ``stmt`` (the epilogue count is checked when scheduling)."""
         terms = _extent(stmt, tirx.IterVar.CommReduce)
         outputs = _extent(stmt, tirx.IterVar.DataPar)
         return (terms is not None and 1 < terms <= self.max_terms
-                and (outputs is None or outputs >= self.min_outputs) and reads_a_window(stmt))
+                and (outputs is None or outputs >= self.min_outputs) and reads_a_window(stmt)
+                and not holds_a_gemm(stmt))
 
     def apply(self, func, target, _tunable):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
