@@ -104,6 +104,17 @@ def test_takes_windows_and_preserves_semantics(name):
     np.testing.assert_allclose(ours, exact, rtol=0, atol=2 * ulp)
 
 
+@pytest.mark.parametrize("name", list(TAKEN))
+def test_takes_only_what_dlight_leaves_to_its_reduction_rules(name):
+    """What this rule takes, DLight's Matmul (the implicit-GEMM tiling of dense convolutions)
+    would not: the rule replaces GeneralReduction's one-output-a-block (or Fallback's) schedule."""
+    from tvm.s_tir import dlight as dl
+
+    func = TAKEN[name]("float16")
+    with TARGET:
+        assert dl.gpu.Matmul().apply(func, TARGET, False) is None
+
+
 def test_one_thread_an_output_element_in_one_kernel():
     """The epilogue runs in the same thread on the register (one kernel, no cross-thread sums),
     and the grid covers the outputs: 2 x 116 x 14 x 14 elements, 256 a block."""
