@@ -50,6 +50,27 @@ def test_paper_summary_applies_issue_13s_bar_to_the_rows(tmp_path):
     assert "not met (rows from 2 runs)" in paper_summary.markdown(s)
 
 
+def test_paper_summary_splits_the_speedup_where_the_middle_column_ran(tmp_path):
+    """stock / vtc = (stock / stock + schedules) x (stock + schedules / vtc), each part's geomean
+    and smallest value; rows without the middle column stay out of the split."""
+    import math
+
+    from benchmarks import paper_summary
+
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"cases": [
+        {"workload": "shufflenet_v2", "batch": 16, "stock_ms": 6.0, "stock_sched_ms": 1.5, "vtc_ms": 1.25},
+        {"workload": "llama_decode", "batch": 1, "stock_ms": 0.6, "stock_sched_ms": 0.3, "vtc_ms": 0.2},
+        {"workload": "yolo_c3k2", "batch": 1, "stock_ms": 0.07, "vtc_ms": 0.06}]}))
+    s = paper_summary.summary(paper_summary.rows_of([str(path)]))
+    assert math.isclose(s["schedule_gain_geomean"], math.sqrt(4.0 * 2.0))
+    assert math.isclose(s["virtual_gain_geomean"], math.sqrt(1.2 * 1.5)) and math.isclose(s["virtual_gain_min"], 1.2)
+    row = next(t for t in s["rows"] if t["case"] == "shufflenet_v2/b16")
+    assert math.isclose(row["schedule_gain"] * row["virtual_gain"], row["speedup"])
+    md = paper_summary.markdown(s)
+    assert "4.80x (4.00 x 1.20)" in md and "virtual tensors 1.34x geomean (smallest 1.200x)" in md
+
+
 def test_cpu_bench_times_a_model_through_the_cli(tmp_path):
     """benchmarks.cpu_bench: writes the workload's ONNX twin, runs 'vtc-tvm bench' on it in a
     process of its own and tabulates the census and the interleaved rounds (no timing asserted)."""
