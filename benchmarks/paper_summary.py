@@ -64,9 +64,10 @@ def summary(rows: dict) -> dict:
                 component_speedups.append(speedup)
         ahead += int(component and is_ahead)
         sched_ms = r.get("stock_sched_ms") if ok else None
-        table.append({"schedule_gain": r["stock_ms"] / sched_ms if sched_ms else None,
-                      "virtual_gain": sched_ms / r["vtc_ms"] if sched_ms else None,"case": f"{name}/b{batch}", "component": component, "stock_ms": r.get("stock_ms"),
-                      "vtc_ms": r.get("vtc_ms"), "speedup": speedup, "torch_best_ms": torch_ms,
+        table.append({"case": f"{name}/b{batch}", "component": component, "stock_ms": r.get("stock_ms"),
+                      "vtc_ms": r.get("vtc_ms"), "speedup": speedup,
+                      "schedule_gain": r["stock_ms"] / sched_ms if sched_ms else None,
+                      "virtual_gain": sched_ms / r["vtc_ms"] if sched_ms else None, "torch_best_ms": torch_ms,
                       "torch_best_mode": r.get("torch_best_mode"),
                       "torch_modes": sorted(k[len("torch_"):-len("_ms")] for k in r
                                             if k.startswith("torch_") and k.endswith("_ms")
