@@ -162,3 +162,56 @@ def run_llvm(func, arrays):
     args = [tvm.runtime.tensor(a) for a in arrays]
     lib["k"](*args)
     return args[-1].numpy()
+
+
+def fused_kernels(build, params):
+    """The fused PrimFuncs of a Relax function (``build(bb, *params) -> output``) after LegalizeOps,
+    FuseOps and FuseTIR: the kernels the schedule rules see."""
+    bb = relax.BlockBuilder()
+    with bb.function("main", params):
+        with bb.dataflow():
+            out = bb.emit_output(build(bb, *params))
+        bb.emit_func_output(out)
+    return [f for _, f in FUSE(bb.get()).functions_items() if isinstance(f, tirx.PrimFunc)]
+
+
+def conv_kernel(C=116, k=3, stride=2, groups=None, cin=None, bias=True, relu=True, N=2, H=28, dtype="float16"):
+    """The one kernel of ``relu(conv2d(x, w) + b)``, depthwise unless ``groups`` says otherwise;
+    ``N`` may be a name (a symbolic batch)."""
+    groups = groups or C
+    cin = cin or C
+    n = tirx.Var(N, "int64") if isinstance(N, str) else N
+    x = relax.Var("x", relax.TensorType((n, cin, H, H), dtype))
+    w = relax.Var("w", relax.TensorType((C, cin // groups, k, k), dtype))
+    b = relax.Var("b", relax.TensorType((1, C, 1, 1), dtype))
+
+    def build(bb, x, w, b):
+        y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=k // 2, groups=groups))
+        if bias:
+            y = bb.emit(relax.op.add(y, b))
+        return relax.op.nn.relu(y) if relu else y
+
+    (func,) = fused_kernels(build, [x, w, b])
+    return func
+
+
+def kernel_arrays(func, rng, dims=None):
+    """Uniform(-1, 1) arrays for every parameter of ``func`` (``dims`` binds symbolic extents)."""
+    shape = lambda p: [int(d) if isinstance(d, tirx.IntImm) else dims[str(d)] for d in p.shape]
+    return [rng.uniform(-1, 1, shape(p)).astype(str(p.dtype)) for p in func.params]
+
+
+def assert_float32_sums(make, scheduled, seed=3):
+    """``scheduled`` (a GPU schedule of ``make("float16")``, threads made serial) computes the
+    kernel with float32 sums: against the same kernel in float32 it is at least as close as the
+    fp16 kernel as FuseTIR wrote it, up to one fp16 rounding."""
+    func = make("float16")
+    arrays = kernel_arrays(func, np.random.default_rng(seed))
+    stock = run_llvm(func, [a.copy() for a in arrays]).astype(np.float64)
+    ours = run_llvm(serial_threads(scheduled), [a.copy() for a in arrays]).astype(np.float64)
+    exact = run_llvm(make("float32"), [a.astype("float32") for a in arrays]).astype(np.float64)
+    scale = np.abs(exact).max()
+    assert scale > 0.5  # not a comparison of zeros
+    ulp = 2.0 ** -10 * scale
+    assert np.abs(ours - exact).max() <= np.abs(stock - exact).max() + ulp
+    np.testing.assert_allclose(ours, exact, rtol=0, atol=2 * ulp)

@@ -9,50 +9,17 @@ import shutil
 import numpy as np
 import pytest
 import tvm
-from tvm import relax, tirx
+from tvm import relax
 from tvm.s_tir.analysis import verify_well_formed
 from tvm.support import nvcc
 
 import vtc_tvm.schedules as S
 from vtc_tvm.pipeline import cuda_target, vtc_pipeline
-from tests.conftest import run_llvm, serial_threads
+from tests.conftest import assert_float32_sums, conv_kernel as conv, fused_kernels, kernel_arrays, run_llvm, serial_threads
 from tests.fuzz import cuda_sources
 
 TARGET = cuda_target()
 RULE = S.WindowReduction()
-
-
-def fused_kernels(build, params):
-    """The fused PrimFuncs of a Relax function (``build(bb, *params) -> output``) after LegalizeOps,
-    FuseOps and FuseTIR: the kernels the schedule rules see."""
-    bb = relax.BlockBuilder()
-    with bb.function("main", params):
-        with bb.dataflow():
-            out = bb.emit_output(build(bb, *params))
-        bb.emit_func_output(out)
-    mod = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-                                    relax.transform.FuseOps(), relax.transform.FuseTIR()])(bb.get())
-    return [f for _, f in mod.functions_items() if isinstance(f, tirx.PrimFunc)]
-
-
-def conv(C=116, k=3, stride=2, groups=None, cin=None, bias=True, relu=True, N=2, H=28, dtype="float16"):
-    """``relu(conv2d(x, w) + b)``, depthwise unless ``groups`` says otherwise; ``N`` may be a name
-    (a symbolic batch)."""
-    groups = groups or C
-    cin = cin or C
-    n = tirx.Var(N, "int64") if isinstance(N, str) else N
-    x = relax.Var("x", relax.TensorType((n, cin, H, H), dtype))
-    w = relax.Var("w", relax.TensorType((C, cin // groups, k, k), dtype))
-    b = relax.Var("b", relax.TensorType((1, C, 1, 1), dtype))
-
-    def build(bb, x, w, b):
-        y = bb.emit(relax.op.nn.conv2d(x, w, strides=stride, padding=k // 2, groups=groups))
-        if bias:
-            y = bb.emit(relax.op.add(y, b))
-        return relax.op.nn.relu(y) if relu else y
-
-    (func,) = fused_kernels(build, [x, w, b])
-    return func
 
 
 def pool(kind="max", k=3, stride=2, C=64, H=28, dtype="float16"):
@@ -66,11 +33,6 @@ def _schedule(func, rule=RULE, target=TARGET):
     with target:
         sch = rule.apply(func, target, False)
     return None if sch is None else sch.mod["main"]
-
-
-def _arrays(func, rng, dims=None):
-    shape = lambda p: [int(d) if isinstance(d, tirx.IntImm) else dims[str(d)] for d in p.shape]
-    return [rng.uniform(-1, 1, shape(p)).astype(str(p.dtype)) for p in func.params]
 
 
 TAKEN = {  # name -> kernel of dtype
@@ -90,18 +52,9 @@ def test_takes_windows_and_preserves_semantics(name):
     """Scheduled (threads serial) against the kernel as FuseTIR wrote it, both in fp16, and both
     against the same kernel in float32: ours sums in a float32 register, so it is at least as
     close to the float32 result as the unscheduled fp16 kernel, up to one fp16 rounding."""
-    func = TAKEN[name]("float16")
-    scheduled = _schedule(func)
+    scheduled = _schedule(TAKEN[name]("float16"))
     assert scheduled is not None and verify_well_formed(scheduled)
-    arrays = _arrays(func, np.random.default_rng(3))
-    stock = run_llvm(func, [a.copy() for a in arrays]).astype(np.float64)
-    ours = run_llvm(serial_threads(scheduled), [a.copy() for a in arrays]).astype(np.float64)
-    exact = run_llvm(TAKEN[name]("float32"), [a.astype("float32") for a in arrays]).astype(np.float64)
-    scale = np.abs(exact).max()
-    assert scale > 0.5  # not a comparison of zeros
-    ulp = 2.0 ** -10 * scale
-    assert np.abs(ours - exact).max() <= np.abs(stock - exact).max() + ulp
-    np.testing.assert_allclose(ours, exact, rtol=0, atol=2 * ulp)
+    assert_float32_sums(TAKEN[name], scheduled)
 
 
 @pytest.mark.parametrize("name", list(TAKEN))
@@ -128,7 +81,7 @@ def test_symbolic_batch_is_taken_and_runs():
     func = conv(N="n", C=32, H=12)
     scheduled = _schedule(func)
     assert scheduled is not None
-    arrays = _arrays(func, np.random.default_rng(5), dims={"n": 3})
+    arrays = kernel_arrays(func, np.random.default_rng(5), dims={"n": 3})
     want = run_llvm(func, [a.copy() for a in arrays]).astype(np.float64)
     got = run_llvm(serial_threads(scheduled), [a.copy() for a in arrays]).astype(np.float64)
     np.testing.assert_allclose(got, want, rtol=0, atol=2.0 ** -9 * np.abs(want).max())

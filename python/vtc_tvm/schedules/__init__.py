@@ -8,6 +8,8 @@ pipeline; ``ApplySchedules(target)`` is ``dlight.ApplyDefaultSchedule`` over tha
 * :class:`DecodeAttention` (:mod:`.decode_attention`): q K^T and probs V over a KV cache
 * :class:`WindowReduction` (:mod:`.window_reduction`): depthwise convolutions and pooling
   windows, one thread an output element (DLight spreads their 9 terms over a block)
+* :class:`NarrowGEMM` (:mod:`.narrow_gemm`): GEMMs and dense convolutions with <= 32 output
+  channels, DLight's Matmul schedule with its tile fitted (DLight pads them to 64)
 * :func:`widen_accumulator` (:mod:`.accumulate`): the float32-accumulation TIR rewrite both use
 * :mod:`.batched_gemv`: the shared matcher, schedule and tiling plan (target data: SM counts)
 
@@ -23,6 +25,7 @@ import tvm
 from .accumulate import widen_accumulator
 from .decode_attention import DecodeAttention
 from .low_batch_gemm import LowBatchGEMM
+from .narrow_gemm import NarrowGEMM
 from .tensor_core_gemm import TensorCoreGEMM
 from .window_reduction import WindowReduction
 
@@ -41,7 +44,7 @@ def stock_rules(target) -> list:
 
 def our_rules(target) -> list:
     """Our rules, most specialised first (they return None on anything else)."""
-    return [WindowReduction(), DecodeAttention(), TensorCoreGEMM(), LowBatchGEMM()]
+    return [WindowReduction(), DecodeAttention(), TensorCoreGEMM(), LowBatchGEMM(), NarrowGEMM()]
 
 
 def default_rules(target) -> list:
@@ -56,5 +59,5 @@ def ApplySchedules(target) -> tvm.transform.Pass:  # noqa: N802 - a pass, named 
     return dl.ApplyDefaultSchedule(*default_rules(target))
 
 
-__all__ = ["ApplySchedules", "DecodeAttention", "LowBatchGEMM", "default_rules", "our_rules",
+__all__ = ["ApplySchedules", "DecodeAttention", "LowBatchGEMM", "default_rules", "NarrowGEMM", "our_rules",
            "stock_rules", "TensorCoreGEMM", "WindowReduction", "widen_accumulator"]
