@@ -20,8 +20,10 @@ into sections that provably divide it, and so on.
 With ``--target cuda`` the differential is the build, as no GPU runs here: stock TVM's default
 CUDA pipeline builds the graph (else it is discarded), then the ``"vtc"`` pipeline must build it
 with each strategy (DLight and our schedule rules, the source through nvcc where it is on PATH),
-the default strategy launching no more kernels and planning no more memory than stock. The
-numerics of those kernels are checked on the GPU only (the benchmarks and ``vtc-tvm --check``).
+the default strategy launching no more kernels and planning no more memory than stock. Every
+kernel one of our schedule rules took runs on llvm with its thread loops serial against the
+kernel before scheduling (:mod:`tests.schedule_semantics`; not the WMMA ones); the numerics of
+the rest, DLight's schedules, are checked on the GPU only (the benchmarks, ``vtc-tvm --check``).
 
 A graph is kept as the Python source that builds it (``Case.code``), so a failing example
 prints, and is saved as, a standalone script.
@@ -39,6 +41,7 @@ standalone pytest test (a symbolic case also saves its ``SIZES``).
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import hashlib
 import math
@@ -59,7 +62,10 @@ from tvm import relax
 
 import vtc_tvm
 from vtc_tvm.pipeline import store_side_pipeline
+from tests.schedule_semantics import Recorder, check_all
 
+# CUDA mode: kernels our schedule rules took, by rule, each checked on llvm (tests.schedule_semantics)
+SCHEDULE_CHECKS: collections.Counter = collections.Counter()
 REGRESSION_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "regressions")
 MAX_ELEMS = 4096          # largest tensor a graph may create
 INT64_MAX, INT64_MIN = 2**63 - 1, -(2**63)
@@ -1098,7 +1104,9 @@ def build_differential(mod: tvm.IRModule, strategies=STRATEGIES, symbolic: bool 
     """The CUDA side, where no GPU can run the kernels: stock TVM's default CUDA pipeline must
     build the graph (else it is discarded); then each strategy's module must build through the
     rest of the ``"vtc"`` pipeline (store side, DLight and our schedule rules, nvcc), as
-    :func:`differential` builds it on LLVM, and the default strategy must launch no more kernels
+    :func:`differential` builds it on LLVM, every kernel our rules scheduled must compute on
+    llvm, its threads serial, what it computed before (:mod:`tests.schedule_semantics`), and the
+    default strategy must launch no more kernels
     and plan no more memory than stock (:func:`vtc_tvm.report.kernel_census`; ``"all"`` takes
     every legal edge, whatever it costs). Raise StockFailure / VtcFailure."""
     from vtc_tvm.pipeline import cuda_target
@@ -1112,15 +1120,21 @@ def build_differential(mod: tvm.IRModule, strategies=STRATEGIES, symbolic: bool 
     except Exception as err:  # noqa: BLE001
         raise StockFailure(f"{type(err).__name__}: {str(err).strip().splitlines()[-1:]}") from err
     for strategy in strategies:
+        recorder = Recorder(target)
         try:  # the "vtc" pipeline's options: memory guard on
             new = vtc_tvm.VirtualTensorize(strategy=strategy, target=target, memory_guard=True)(mod)
-            cuda_build(new, store_side_pipeline(target))
+            cuda_build(new, store_side_pipeline(target, schedules=recorder.rules))
+            problems, skipped = check_all(recorder.taken)
+            SCHEDULE_CHECKS.update(t.rule for t in recorder.taken)
+            SCHEDULE_CHECKS.update({f"skipped ({why})": n for why, n in skipped.items()})
             if strategy != STRATEGIES[0]:
                 continue
             ours = kernel_census(new, target, stores=True)
         except Exception as err:  # noqa: BLE001
             raise VtcFailure("crash", strategy, "cuda build", f"{type(err).__name__}: {err}",
                              f"{tag}crash:cuda:{type(err).__name__}:{_norm(str(err))}") from err
+        if problems:  # a kernel one of our rules scheduled, run on llvm with serial threads
+            raise VtcFailure("mismatch", strategy, "schedule semantics", "; ".join(problems), tag + "schedule")
         if ours["kernels"] > stock["kernels"]:
             raise VtcFailure("worse", strategy, "census", f"{ours['kernels']} kernels launched, stock "
                              f"{stock['kernels']}", tag + "kernels")
@@ -1421,6 +1435,8 @@ def main(argv=None):
     print(f"crashes     {s.crashes}   (symbolic: {sy['crashes']})")
     print(f"shrink runs {s.shrink_runs}")
     print(f"time        {time.time() - START:.0f}s")
+    if args.target == "cuda":
+        print(f"scheduled   {dict(SCHEDULE_CHECKS)}   (kernels our rules took, checked on llvm)")
     print(f"distinct bugs: {len(camp.bugs)}")
     for k, b in enumerate(camp.bugs, 1):
         print(f"  #{k} {b.signature}  hits={b.hits}  ops={sorted(b.ops)}  {b.path or ''}")

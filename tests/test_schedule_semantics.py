@@ -1,0 +1,67 @@
+"""Every kernel our schedule rules take in the paper workloads' CUDA builds computes, with its
+thread loops serial on llvm, what the kernel computed before scheduling (tests/schedule_semantics.py)."""
+
+import pytest
+import tvm
+
+from vtc_tvm.pipeline import cuda_target, vtc_pipeline
+from tests.conftest import conv_kernel
+from tests.schedule_semantics import Recorder, Taken, check, check_all
+
+TARGET = cuda_target()
+
+# (workload, batch) at real size -> the rules of ours that must take at least one kernel there
+CASES = {
+    ("yolo_c3k2", 1): {"NarrowGEMM"},
+    ("effvit_attn", 1): {"WindowReduction"},
+    ("shufflenet_unit", 1): {"WindowReduction"},
+    ("shufflenet_v2", 1): {"WindowReduction", "NarrowGEMM"},
+    ("llama_decode", 1): {"LowBatchGEMM", "DecodeAttention"},
+    ("llama_decode", 16): {"DecodeAttention", "TensorCoreGEMM"},
+    ("gemma2_decode", 1): {"LowBatchGEMM", "DecodeAttention"},
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,batch", list(CASES))
+def test_our_kernels_compute_what_they_were_given(name, batch):
+    from benchmarks.workloads import WORKLOADS
+
+    wl = WORKLOADS[name]
+    recorder = Recorder(TARGET)
+    mod = wl.build(wl.config("real", batch, "float16"))
+    tvm.compile(mod, target=TARGET, relax_pipeline=vtc_pipeline(TARGET, schedules=recorder.rules))
+    assert CASES[name, batch] <= {t.rule for t in recorder.taken}
+    problems, skipped = check_all(recorder.taken)
+    assert not problems
+    # only WMMA kernels (TensorCoreGEMM's) have no llvm lowering
+    assert set(skipped) <= {"tensor cores"}
+    assert skipped.get("tensor cores", 0) == sum(t.rule == "TensorCoreGEMM" for t in recorder.taken)
+
+
+def test_a_wrong_schedule_is_caught():
+    """The check is not vacuous: a schedule of another function (the same conv with a relu) is
+    reported, the right one is not."""
+    from vtc_tvm.schedules import WindowReduction
+
+    plain, with_relu = conv_kernel(C=32, H=12, relu=False), conv_kernel(C=32, H=12, relu=True)
+    with TARGET:
+        right = WindowReduction().apply(plain, TARGET, False).mod["main"]
+        wrong = WindowReduction().apply(with_relu, TARGET, False).mod["main"]
+    assert check(Taken("WindowReduction", plain, right)) is None
+    assert "differs" in check(Taken("WindowReduction", plain, wrong))
+
+
+@pytest.mark.slow
+def test_schedule_fuzz_campaign():
+    """A short run of tests/schedule_fuzz.py: random layers (convolutions, pooling, GEMMs, decode
+    projections; fp16/fp32, symbolic batches, read through movement ops) through the "vtc" CUDA
+    pipeline, every kernel our rules took checked on llvm; the rules were exercised."""
+    from tests.schedule_fuzz import Case, run_case
+
+    taken = set()
+    for seed in range(40):
+        rules, problems, _ = run_case(Case(seed))
+        assert not problems, Case(seed).describe
+        taken.update(rules)
+    assert {"NarrowGEMM", "WindowReduction", "LowBatchGEMM"} <= taken
