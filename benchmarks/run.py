@@ -51,11 +51,11 @@ from vtc_tvm.transform import VirtualTensorize
 from . import tuning
 from .timing import cache_bytes, copies_for, rotation, time_callable, time_interleaved
 from .whole_models import WHOLE_WORKLOADS
-from .workloads import WORKLOADS, is_weight, load_torch, torch_module
+from .workloads import WORKLOADS, has_torch_twin, is_weight, load_torch, torch_module
 
 SUITES = {"paper": ["llama_decode", "llama_prefill", "gemma2_decode", "effvit_attn", "yolo_c3k2",
                     "shufflenet_unit", "shufflenet_v2"],
-          "whole": list(WHOLE_WORKLOADS),  # whole ONNX models (benchmarks/whole_models.py), no torch twin
+          "whole": list(WHOLE_WORKLOADS),  # whole ONNX models (benchmarks/whole_models.py); torch peer: benchmarks/onnx_torch.py
           "static_cache": ["llama_decode_static", "gemma2_decode_static"]}
 CASES = {**WORKLOADS, **WHOLE_WORKLOADS}
 MIB = 2 ** 20
@@ -330,7 +330,7 @@ def run_case(wl, batch, args, target, dev, torch):
 
     # Numerics against a float64 reference: the torch twin in float64 on the same inputs/weights.
     ref64 = None
-    if torch is not None and gpu and wl.torch_forward is not None:
+    if torch is not None and gpu and has_torch_twin(wl):
         try:
             ref64 = fp64_reference(wl, cfg, mod, inputs, torch)
             row["stock_rel_err_fp64"] = rel_l2(outs["stock"], ref64)
@@ -347,7 +347,7 @@ def run_case(wl, batch, args, target, dev, torch):
             torch.cuda.empty_cache()
     del outs
 
-    if torch is not None and gpu and not args.no_torch and wl.torch_forward is not None:
+    if torch is not None and gpu and not args.no_torch and has_torch_twin(wl):
         try:
             _torch_peers(row, wl, cfg, mod, inputs, ref, args, torch, ref64)
         except Exception as err:  # noqa: BLE001 - a failing peer is reported, not fatal

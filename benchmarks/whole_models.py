@@ -551,10 +551,16 @@ class WholeConfig:
 class WholeWorkload:
     """A whole model in the shape ``benchmarks.run.run_case`` expects of a ``Workload``: the module
     is ``from_onnx`` of the generated file (weights as constants), the only input the image batch.
-    There is no torch twin (``torch_forward`` is None): the run compares vtc with stock only."""
+    Its PyTorch peer is the same ONNX graph run with torch ops (:meth:`torch_module`,
+    :mod:`benchmarks.onnx_torch`): the kernels eager PyTorch runs for the exported module."""
     name: str
     description: str
-    torch_forward: Optional[Callable] = None
+    torch_forward: Optional[Callable] = None  # no forward of (weights, cfg, *acts): torch_module instead
+
+    def torch_module(self, cfg: WholeConfig):
+        from .onnx_torch import torch_module
+
+        return torch_module(whole_model(cfg.model, cfg.size, cfg.batch, cfg.seed, cfg.dtype))
 
     def config(self, size="small", batch=None, dtype="float32") -> WholeConfig:
         return WholeConfig(self.name, size, 1 if batch is None else batch, dtype)

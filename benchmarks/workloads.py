@@ -618,10 +618,19 @@ WORKLOADS: Dict[str, Workload] = {w.name: w for w in [
 # ----------------------------------------------------------------------------------------------
 # torch side: one module per workload holding the same weights
 # ----------------------------------------------------------------------------------------------
+def has_torch_twin(workload) -> bool:
+    """Whether ``workload`` has a PyTorch peer: a torch forward, or a module of its own (the whole
+    models: their ONNX graph run with torch ops, :mod:`benchmarks.onnx_torch`)."""
+    return getattr(workload, "torch_forward", None) is not None or hasattr(workload, "torch_module")
+
+
 def torch_module(workload: Workload, cfg):
     """An ``nn.Module`` computing ``workload`` for ``cfg``; weights are buffers named like the Relax
     parameters (empty until :func:`load_torch`), ``forward`` takes the activations in order and
-    hands the module itself to the torch forward as its ``P`` (``P[name]`` is the buffer)."""
+    hands the module itself to the torch forward as its ``P`` (``P[name]`` is the buffer). A
+    workload with a ``torch_module(cfg)`` of its own (weights inside) gives that instead."""
+    if hasattr(workload, "torch_module"):
+        return workload.torch_module(cfg)
     import torch
 
     class _Module(torch.nn.Module):
