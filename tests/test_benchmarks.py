@@ -113,3 +113,20 @@ def test_encoder_census_rows_of_one_encoder_layer():
         assert row["stock_data_movement"] == copies and row["vtc_data_movement"] == 0, row
         assert row["vtc_kernels"] < row["stock_kernels"]
         assert row["vtc_planned_bytes"] <= row["stock_planned_bytes"]
+
+
+def test_paper_summary_whole_models_have_their_own_bar(tmp_path):
+    """Rows of the whole suite: vtc >= stock on all six (model x batch) rows; they stay out of the
+    paper suite's geomean, smallest speed-up and bar."""
+    from benchmarks import paper_summary
+
+    whole = [(m, b, 10.0, 9.0 if m != "yolo11n" or b == 1 else 10.5, None)
+             for m in paper_summary.WHOLE for b in (1, 16)]
+    path = _run_json(tmp_path / "whole.json", whole + [("yolo_c3k2", 1, 2.0, 1.0, 3.0)])
+    s = paper_summary.summary(paper_summary.rows_of([path]))
+    assert s["whole_rows"] == 6 and s["whole_at_least_stock"] == 5 and not s["whole_met"]
+    assert s["min_speedup"] == 2.0 and s["geomean"] == 2.0  # the one paper row
+    assert "at least as fast as stock on 5 of 6 rows" in paper_summary.markdown(s)
+    fixed = _run_json(tmp_path / "fixed.json", [("yolo11n", 16, 10.0, 9.9, None)])
+    s = paper_summary.summary(paper_summary.rows_of([path, fixed]))
+    assert s["whole_met"] and s["whole_at_least_stock"] == 6
