@@ -9,11 +9,12 @@ needs, the padded ones on zeros. YOLO11n is made of such convolutions at high re
 C3k2 block at batch 16 runs four, J = 8, 16, 32 and 64 over 409600 pixels, in 0.54 ms of its
 0.58 (``benchmarks/results/paper_h200_three_columns.json``, stock DLight, H200). Here DLight's own
 Matmul schedule runs with the tile fitted to J: the threads along J cover J rounded up to a
-multiple of 4 (``MICRO``), the threads along I fill the block to ``THREADS``, and the
-reduction step is 16 terms (8 when K < 16); everything else (shared-memory staging of both
-operands, the register tile, the epilogue in the store) is DLight's. A 16-bit accumulator is
-widened to float32 first (:func:`.accumulate.widen_accumulator`): DLight sums in the output's
-dtype, and a 3x3 convolution over 64 channels adds 576 products.
+multiple of 4 (``MICRO``), the threads along I fill the block to ``THREADS`` (a thread's rows
+interleaved with its neighbours', :func:`fitted_config`), and the reduction step is 16 terms
+(8 when K < 16); everything else (shared-memory staging of both operands, the register tile,
+the epilogue in the store) is DLight's. A 16-bit accumulator is widened to float32 first
+(:func:`.accumulate.widen_accumulator`): DLight sums in the output's dtype, and a 3x3
+convolution over 64 channels adds 576 products.
 
 Limits: 1. one reduction block, a GEMM DLight's Matmul normalises (its reads ``A`` then ``B``),
 injective blocks around it; 2. J static and at most ``max_cols`` (32: at 33..64 DLight's
@@ -58,10 +59,15 @@ def narrow_extents(stmt):
 
 
 def fitted_config(cols: int, red: int | None) -> Matmul.Config:
-    """DLight's CUDA Matmul config with the J side of the tile fitted to ``cols`` columns."""
+    """DLight's CUDA Matmul config with the J side of the tile fitted to ``cols`` columns.
+
+    A thread still computes MICRO x MICRO outputs, but its MICRO rows are MICRO virtual threads
+    apart (``vthread_x``) rather than adjacent: with 32 threads of a warp along I (DLight has 8),
+    adjacent rows would put a warp's reads of the shared ``A`` tile (rows of 16 + 2 halves) on 8
+    banks, 4-way conflicts; rows ``tx`` apart put them on 32 (and the stores coalesce)."""
     ty = -(-cols // MICRO)
     tx = 1 << ((THREADS // ty).bit_length() - 1)  # a power of two, ty * tx <= THREADS
-    return Matmul.Config(block_size_x=tx, block_size_y=ty, vthread_x=1, vthread_y=1, micro_size_x=MICRO,
+    return Matmul.Config(block_size_x=tx, block_size_y=ty, vthread_x=MICRO, vthread_y=1, micro_size_x=1,
                          micro_size_y=MICRO, micro_size_k=16 if red is None or red >= 16 else 8,
                          vector_size=2, unroll=256, use_shared=True, storage_align=True, inner_x=False)
 
