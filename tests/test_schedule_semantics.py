@@ -65,3 +65,20 @@ def test_schedule_fuzz_campaign():
         assert not problems, Case(seed).describe
         taken.update(rules)
     assert {"NarrowGEMM", "WindowReduction", "LowBatchGEMM"} <= taken
+
+
+def test_tensor_core_rows_read_through_an_odd_slice_compile():
+    """tests/schedule_fuzz.py case 1148: a 32-row projection whose rows are ``x[:, 2:258]``.
+    TensorCoreGEMM staged the rows 8 halves a thread; through the slice those are no aligned
+    vector, and TVM printed the gather as ``make_uint4`` of 8 values, which nvcc rejects. The
+    staging now takes the widest vector the mapping provably reads aligned."""
+    import shutil
+
+    from tests.schedule_fuzz import Case, run_case
+
+    case = Case(1148)
+    assert (case.kind, case.producer, case.m) == ("projection", "slice", 32)
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH: the CUDA source cannot be compiled here")
+    rules, problems, skipped = run_case(case, nvcc_check=True)
+    assert rules == ["TensorCoreGEMM"] and not problems and skipped == {"tensor cores": 1}

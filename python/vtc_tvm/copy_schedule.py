@@ -55,6 +55,28 @@ def vector_lanes(mapping: Mapping) -> int:
     return lanes
 
 
+def block_lanes(block) -> int:
+    """The widest vector (at most 16 bytes) a copy block moves aligned along its innermost axis:
+    ``out[..., i] = in[f(..., i)]``, or a select of such pieces (:func:`_piecewise_lanes`); 1
+    when no width is provably safe (what a schedule that stages an operand through a mapping may
+    vectorise)."""
+    store = block.body
+    if not isinstance(store, tirx.BufferStore) or not block.iter_vars:
+        return 1
+    if _is_select(store.value):
+        return _piecewise_lanes(block)
+    ext = block.iter_vars[-1].dom.extent
+    if not isinstance(store.value, tvm.ir.TensorLoad) or not isinstance(ext, tirx.IntImm):
+        return 1
+    last, extent, load = block.iter_vars[-1].var, int(ext), store.value
+    stored = tirx.BufferLoad(store.buffer, store.indices)
+    lanes = VECTOR_BYTES // max(tvm.runtime.DataType(store.buffer.dtype).bits // 8, 1)
+    while lanes > 1 and not (extent % lanes == 0 and all(
+            _unit_aligned(a.source.shape, a.indices, last, lanes, extent) for a in (load, stored))):
+        lanes //= 2
+    return lanes
+
+
 def _aligned(mapping: Mapping, piece, last, lanes: int) -> bool:
     if piece.cond is not None and _uses(piece.cond, last):
         return False  # the piece may change inside a vector

@@ -30,6 +30,7 @@ from tvm import s_tir, tirx
 from tvm.support import nvcc
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 
+from ..copy_schedule import block_lanes
 from . import batched_gemv, wmma
 
 MMA = 16  # the WMMA tile: 16x16x16
@@ -147,13 +148,17 @@ def schedule(sch: s_tir.Schedule, form: batched_gemv.GemvForm, epilogue, tiling:
     bx = sch.fuse(ks, n0)
     sch.bind(bx, "blockIdx.x")
     sch.bind(n1, "threadIdx.y")
-    # the block's rows [M, K / split] in shared memory, once (read through the operand's mapping)
+    # the block's rows [M, K / split] in shared memory, once (read through the operand's mapping),
+    # in the widest vectors the mapping provably reads aligned (a slice at an odd offset reads
+    # none: TVM's CUDA code generator prints a gather of 8 halves as an invalid make_uint4 of 8)
+    lanes = block_lanes(sch.get(rows))
     sch.set_scope(rows, 0, "shared.dyn")
     sch.compute_at(rows, bx)
-    _, ty, tx, vec = sch.split(sch.fuse(*sch.get_loops(rows)[1:]), factors=[None, tiling.warps, 32, 8])
+    _, ty, tx, vec = sch.split(sch.fuse(*sch.get_loops(rows)[1:]), factors=[None, tiling.warps, 32, lanes])
     sch.bind(ty, "threadIdx.y")
     sch.bind(tx, "threadIdx.x")
-    sch.vectorize(vec)
+    if lanes > 1:
+        sch.vectorize(vec)
     sch.storage_align(rows, 0, axis=-2, factor=MMA, offset=SHARED_PAD)
     a_frag = sch.cache_read(mma, a_idx, scope("matrix_a"))
     b_frag = sch.cache_read(mma, 1 - a_idx, scope("matrix_b"))
