@@ -215,3 +215,31 @@ def assert_float32_sums(make, scheduled, seed=3):
     ulp = 2.0 ** -10 * scale
     assert np.abs(ours - exact).max() <= np.abs(stock - exact).max() + ulp
     np.testing.assert_allclose(ours, exact, rtol=0, atol=2 * ulp)
+
+
+def assert_same_on_llvm(func, scheduled, dims=None, seed=5, tol=2.0 ** -9):
+    """``scheduled`` (threads made serial) against ``func`` on the same random arrays (``dims``
+    binds symbolic extents), within ``tol`` of the output's scale."""
+    arrays = kernel_arrays(func, np.random.default_rng(seed), dims=dims)
+    want = run_llvm(func, [a.copy() for a in arrays]).astype(np.float64)
+    got = run_llvm(serial_threads(scheduled), [a.copy() for a in arrays]).astype(np.float64)
+    np.testing.assert_allclose(got, want, rtol=0, atol=tol * np.abs(want).max())
+
+
+def cuda_source_of(funcs, target) -> str:
+    """The CUDA source of scheduled PrimFuncs built together for ``target``."""
+    mod = tvm.IRModule({f"k{i}": f.with_attr("global_symbol", f"k{i}") for i, f in enumerate(funcs)})
+    with target:
+        return tvm.tirx.build(mod, target=target).imports[0].inspect_source()
+
+
+def assert_nvcc_compiles(src: str, target) -> None:
+    """``src`` compiles to PTX for sm_90 with nvcc (the test is skipped, saying so, without nvcc)."""
+    import shutil
+
+    from tvm.support import nvcc
+
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc not on PATH: CUDA source generated but not compiled")
+    with target:  # nvcc asks the current target for its compute version
+        assert nvcc.compile_cuda(src, target_format="ptx", arch="sm_90", compiler="nvcc")

@@ -4,23 +4,20 @@ schedules compute the same function with float32 sums (on llvm with the thread l
 compile to CUDA with nvcc, and that a pipeline launches as many kernels with it as without."""
 
 import re
-import shutil
 
 import pytest
-import numpy as np
 import tvm
 import tvm_ffi
-from tvm import relax, tirx
+from tvm import relax
 from tvm.s_tir import dlight as dl
 from tvm.s_tir import SBlock
 from tvm.s_tir.analysis import verify_well_formed
-from tvm.support import nvcc
 
 import vtc_tvm.schedules as S
 from vtc_tvm.pipeline import cuda_target, vtc_pipeline
 from vtc_tvm.schedules.narrow_gemm import MICRO, THREADS, fitted_config
-from tests.conftest import (assert_float32_sums, conv_kernel, fused_kernels, kernel_arrays, run_llvm,
-                            serial_threads)
+from tests.conftest import (assert_float32_sums, assert_nvcc_compiles, assert_same_on_llvm, conv_kernel,
+                            cuda_source_of, fused_kernels)
 from tests.fuzz import cuda_sources
 
 TARGET = cuda_target()
@@ -98,10 +95,7 @@ def test_symbolic_batch_is_taken_and_runs():
     func = conv_kernel(16, 3, 1, groups=1, cin=8, N="n", H=12)
     scheduled = _schedule(func)
     assert scheduled is not None
-    arrays = kernel_arrays(func, np.random.default_rng(5), dims={"n": 3})
-    want = run_llvm(func, [a.copy() for a in arrays]).astype(np.float64)
-    got = run_llvm(serial_threads(scheduled), [a.copy() for a in arrays]).astype(np.float64)
-    np.testing.assert_allclose(got, want, rtol=0, atol=2.0 ** -8 * np.abs(want).max())
+    assert_same_on_llvm(func, scheduled, dims={"n": 3}, tol=2.0 ** -8)
 
 
 @pytest.mark.parametrize("make,why", [
@@ -125,14 +119,9 @@ def test_declines_softmax_and_cpu_targets():
 def test_cuda_source_compiles_with_nvcc():
     funcs = [_schedule(make("float16")) for make, _ in TAKEN.values()]
     funcs.append(_schedule(conv_kernel(16, 3, 1, groups=1, cin=8, N="n", H=12)))
-    mod = tvm.IRModule({f"k{i}": f.with_attr("global_symbol", f"k{i}") for i, f in enumerate(funcs)})
-    with TARGET:
-        src = tvm.tirx.build(mod, target=TARGET).imports[0].inspect_source()
+    src = cuda_source_of(funcs, TARGET)
     assert len(re.findall(r"__global__[^;{]*\{", src)) == len(funcs)  # kernels defined
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not on PATH: CUDA source generated but not compiled")
-    with TARGET:
-        assert nvcc.compile_cuda(src, target_format="ptx", arch="sm_90", compiler="nvcc")
+    assert_nvcc_compiles(src, TARGET)
 
 
 @pytest.mark.slow

@@ -4,18 +4,16 @@ thread loops serial, as tests/test_schedules.py does), compile to CUDA with nvcc
 pipelines launch as many kernels with it as without."""
 
 import re
-import shutil
 
-import numpy as np
 import pytest
 import tvm
 from tvm import relax
 from tvm.s_tir.analysis import verify_well_formed
-from tvm.support import nvcc
 
 import vtc_tvm.schedules as S
 from vtc_tvm.pipeline import cuda_target, vtc_pipeline
-from tests.conftest import assert_float32_sums, conv_kernel as conv, fused_kernels, kernel_arrays, run_llvm, serial_threads
+from tests.conftest import (assert_float32_sums, assert_nvcc_compiles, assert_same_on_llvm, conv_kernel as conv,
+                            cuda_source_of, fused_kernels)
 from tests.fuzz import cuda_sources
 
 TARGET = cuda_target()
@@ -71,7 +69,7 @@ def test_takes_only_what_dlight_leaves_to_its_reduction_rules(name):
 def test_one_thread_an_output_element_in_one_kernel():
     """The epilogue runs in the same thread on the register (one kernel, no cross-thread sums),
     and the grid covers the outputs: 2 x 116 x 14 x 14 elements, 256 a block."""
-    src = _source_of_kernels([_schedule(conv())])
+    src = cuda_source_of([_schedule(conv())], TARGET)
     assert len(re.findall(r"__global__[^;{]*\{", src)) == 1  # one kernel defined
     assert "__syncthreads" not in src and "__shfl" not in src
     assert "float" in src  # the float32 accumulator
@@ -81,10 +79,7 @@ def test_symbolic_batch_is_taken_and_runs():
     func = conv(N="n", C=32, H=12)
     scheduled = _schedule(func)
     assert scheduled is not None
-    arrays = kernel_arrays(func, np.random.default_rng(5), dims={"n": 3})
-    want = run_llvm(func, [a.copy() for a in arrays]).astype(np.float64)
-    got = run_llvm(serial_threads(scheduled), [a.copy() for a in arrays]).astype(np.float64)
-    np.testing.assert_allclose(got, want, rtol=0, atol=2.0 ** -9 * np.abs(want).max())
+    assert_same_on_llvm(func, scheduled, dims={"n": 3})
 
 
 @pytest.mark.parametrize("make,why", [
@@ -106,18 +101,9 @@ def test_declines_gemms_softmax_and_cpu_targets():
     assert _schedule(conv(), target=tvm.target.Target("llvm")) is None
 
 
-def _source_of_kernels(funcs) -> str:
-    mod = tvm.IRModule({f"k{i}": f.with_attr("global_symbol", f"k{i}") for i, f in enumerate(funcs)})
-    with TARGET:
-        return tvm.tirx.build(mod, target=TARGET).imports[0].inspect_source()
-
-
 def test_cuda_source_compiles_with_nvcc():
-    src = _source_of_kernels([_schedule(make("float16")) for make in TAKEN.values()] + [_schedule(conv(N="n", C=32, H=12))])
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not on PATH: CUDA source generated but not compiled")
-    with TARGET:
-        assert nvcc.compile_cuda(src, target_format="ptx", arch="sm_90", compiler="nvcc")
+    funcs = [_schedule(make("float16")) for make in TAKEN.values()] + [_schedule(conv(N="n", C=32, H=12))]
+    assert_nvcc_compiles(cuda_source_of(funcs, TARGET), TARGET)
 
 
 @pytest.mark.slow
