@@ -82,3 +82,17 @@ def test_tensor_core_rows_read_through_an_odd_slice_compile():
         pytest.skip("nvcc not on PATH: the CUDA source cannot be compiled here")
     rules, problems, skipped = run_case(case, nvcc_check=True)
     assert rules == ["TensorCoreGEMM"] and not problems and skipped == {"tensor cores": 1}
+
+
+def test_a_consumer_dlight_raises_on_stays_as_stock_has_it():
+    """tests/schedule_fuzz.py case 2052: a 1x1 depthwise convolution (a one-term reduction) read
+    through a concat. DLight's GEMV rule asserts on such a kernel (``assert r_loops``), and the
+    planner's comparison of the rewrite with the original let the assertion end the build, where
+    stock TVM builds the graph. The consumer now stays as stock has it (the edge refused)."""
+    from tests.schedule_fuzz import Case, run_case, stock_builds
+
+    case = Case(2052)
+    assert (case.kind, case.k, case.groups, case.producer) == ("depthwise", 1, case.cin, "concat")
+    assert stock_builds(case)
+    rules, problems, _ = run_case(case)
+    assert not problems

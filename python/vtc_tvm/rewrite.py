@@ -616,10 +616,14 @@ def best_schedulable(original: tirx.PrimFunc, candidates, target) -> tirx.PrimFu
             if outcomes[-1][0] >= 1:
                 limit = outcomes[-1][0] if limit is None else min(limit, outcomes[-1][0])
         scheduled = [o for o in outcomes if o is not None and not isinstance(o, str)]
-        if not scheduled or any(serial >= SERIAL_HALF_TERMS for _, serial in scheduled):
-            before = _dlight_rule(original, target)
-        else:
-            before = _dlight_rule_below(original, target, min(rule for rule, _ in scheduled))
+        try:
+            if not scheduled or any(serial >= SERIAL_HALF_TERMS for _, serial in scheduled):
+                before = _dlight_rule(original, target)
+            else:
+                before = _dlight_rule_below(original, target, min(rule for rule, _ in scheduled))
+        except Exception as err:  # noqa: BLE001 - e.g. DLight's GEMV asserting on a one-term reduction
+            # no rule to compare the rewrite with: keep the consumer as stock has it
+            raise NotRewritable(f"DLight raises on the original consumer: {last_line(err)}") from None
         ranked, failures = [], []
         for k, outcome in enumerate(outcomes):
             if outcome is None:
