@@ -119,6 +119,12 @@ def _ops() -> Dict[str, Callable]:
     }
 
 
+# Inputs read as constants (shapes, sizes, axes, pads, scales): never tensors, so never buffers
+# (a float32 ``Resize`` scale kept as a buffer would be cast to fp16 on every call, a kernel more)
+CONST_INPUTS = {"Reshape": {1}, "Split": {1}, "Slice": {1, 2, 3, 4}, "Pad": {1, 2, 3}, "ReduceMean": {1},
+                "Resize": {1, 2, 3}}
+
+
 def torch_module(model: onnx.ModelProto):
     """An ``nn.Module`` computing ``model``: ``forward(*inputs)`` returns the graph's outputs (a
     tensor, or a tuple for several)."""
@@ -130,12 +136,14 @@ def torch_module(model: onnx.ModelProto):
     if missing:
         raise NotImplementedError(f"ONNX ops without a torch spelling here: {missing}")
 
+    tensors = {i for n in model.graph.node for k, i in enumerate(n.input) if k not in CONST_INPUTS.get(n.op_type, ())}
+
     class OnnxModule(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.slots: Dict[str, str] = {}  # initializer name -> buffer attribute
             for i, (name, array) in enumerate(consts.items()):
-                if array.dtype.kind == "f":
+                if array.dtype.kind == "f" and name in tensors:
                     self.register_buffer(f"w{i}", torch.from_numpy(np.array(array)))  # a writable copy
                     self.slots[name] = f"w{i}"
             self.nodes = [(ops[n.op_type], list(n.input), list(n.output), _attrs(n),
