@@ -194,10 +194,11 @@ def main(argv=None) -> int:
         print(run_case(case, args.nvcc))
         return 0
     start, taken, failures, crashes, done, discarded = time.time(), collections.Counter(), [], [], 0, 0
+    last = args.seed - 1
     for seed in range(args.seed, args.seed + args.cases):
         if time.time() - start > args.minutes * 60:
             break
-        case = Case(seed)
+        last, case = seed, Case(seed)
         if not stock_builds(case):
             discarded += 1
             continue
@@ -213,7 +214,7 @@ def main(argv=None) -> int:
         if problems:
             failures.append(f"{case.describe}\n    " + "\n    ".join(problems))
             print("MISMATCH", failures[-1], flush=True)
-    print(f"\ncases {done + discarded} (seeds {args.seed}..{seed}), {discarded} discarded (stock failed), "
+    print(f"\ncases {done + discarded} (seeds {args.seed}..{last}), {discarded} discarded (stock failed), "
           f"{time.time() - start:.0f}s")
     print(f"kernels our rules took (checked on llvm): {dict(taken)}")
     print(f"mismatches {len(failures)}, crashes {len(crashes)}")
