@@ -10,6 +10,7 @@ import pytest
 import tvm
 import tvm_ffi
 from tvm import relax, tirx
+from tvm.s_tir import SBlock
 
 import vtc_tvm  # noqa: F401  (registers the pass)
 from vtc_tvm.analysis import is_data_movement
@@ -156,12 +157,24 @@ def serial_threads(func: tirx.PrimFunc) -> tirx.PrimFunc:
     return tirx.PrimFunc(func.params, body, ret_type=func.ret_type, attrs=func.attrs).with_attr("global_symbol", "k")
 
 
-def run_llvm(func, arrays):
-    """Run ``func`` on llvm over numpy ``arrays`` (the last is the output); return the output."""
+def run_llvm_all(func, arrays) -> list:
+    """Run ``func`` on llvm over numpy ``arrays``; return every buffer afterwards."""
     lib = tvm.tirx.build(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target="llvm")
     args = [tvm.runtime.tensor(a) for a in arrays]
     lib["k"](*args)
-    return args[-1].numpy()
+    return [a.numpy() for a in args]
+
+
+def run_llvm(func, arrays):
+    """Run ``func`` on llvm over numpy ``arrays`` (the last is the output); return the output."""
+    return run_llvm_all(func, arrays)[-1]
+
+
+def allocated_buffers(func) -> list:
+    """The buffers a (scheduled) PrimFunc's blocks allocate (shared, local, wmma... stages)."""
+    found = []
+    tvm_ffi.structural_walk(func.body, (SBlock, lambda b: found.extend(b.alloc_buffers)), order="post")
+    return found
 
 
 def fused_kernels(build, params):
@@ -195,10 +208,14 @@ def conv_kernel(C=116, k=3, stride=2, groups=None, cin=None, bias=True, relu=Tru
     return func
 
 
-def kernel_arrays(func, rng, dims=None):
-    """Uniform(-1, 1) arrays for every parameter of ``func`` (``dims`` binds symbolic extents)."""
-    shape = lambda p: [int(d) if isinstance(d, tirx.IntImm) else dims[str(d)] for d in p.shape]
-    return [rng.uniform(-1, 1, shape(p)).astype(str(p.dtype)) for p in func.params]
+def kernel_arrays(func, rng, dims=None, size=None):
+    """Uniform(-1, 1) arrays for every parameter of ``func``, zeros for integer ones (indices in
+    bounds for any gather); ``dims`` binds symbolic extents by name, ``size`` any other."""
+    def shape(p):
+        return [int(d) if isinstance(d, tirx.IntImm) else (dims or {}).get(str(d), size) for d in p.shape]
+
+    return [np.zeros(shape(p), str(p.dtype)) if str(p.dtype).startswith(("int", "uint", "bool"))
+            else rng.uniform(-1, 1, shape(p)).astype(str(p.dtype)) for p in func.params]
 
 
 def assert_float32_sums(make, scheduled, seed=3):

@@ -19,16 +19,13 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-import tvm
-import tvm_ffi
 from tvm import tirx
-from tvm.s_tir import SBlock
 from tvm.s_tir.dlight import ScheduleRule
 
 from vtc_tvm import schedules as S
 from vtc_tvm.schedules import batched_gemv
 from vtc_tvm.schedules.accumulate import needs_widening, reduction_update, widen_accumulator
-from tests.conftest import serial_threads
+from tests.conftest import allocated_buffers, kernel_arrays, run_llvm_all, serial_threads
 
 OURS = tuple(type(r) for r in S.our_rules("cuda"))
 
@@ -63,14 +60,8 @@ class Recorder:
         self.rules = [_Recording(r, self.taken) if isinstance(r, OURS) else r for r in S.default_rules(target)]
 
 
-def _scopes(func) -> set:
-    found = []
-    tvm_ffi.structural_walk(func.body, (SBlock, lambda b: found.extend(b.alloc_buffers)), order="post")
-    return {buf.scope() for buf in found}
-
-
 def skip_reason(taken: Taken) -> str | None:
-    if any(s.startswith("wmma") for s in _scopes(taken.scheduled)):
+    if any(buf.scope().startswith("wmma") for buf in allocated_buffers(taken.scheduled)):
         return "tensor cores"
     if not all(isinstance(p, tirx.Buffer) for p in taken.kernel.params):
         return "scalar parameters"
@@ -88,32 +79,14 @@ def reference(kernel: tirx.PrimFunc) -> tirx.PrimFunc:
     return widen_accumulator(sch, block).mod["main"]
 
 
-def _arrays(kernel, rng, size: int):
-    out = []
-    for p in kernel.params:
-        shape = [int(d) if isinstance(d, tirx.IntImm) else size for d in p.shape]
-        dtype = str(p.dtype)
-        if dtype.startswith(("int", "uint", "bool")):
-            out.append(np.zeros(shape, dtype))  # indices in bounds for any gather
-        else:
-            out.append(rng.uniform(-1, 1, shape).astype(dtype))
-    return out
-
-
-def _run(func, arrays):
-    lib = tvm.tirx.build(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target="llvm")
-    args = [tvm.runtime.tensor(a.copy()) for a in arrays]
-    lib["k"](*args)
-    return [a.numpy().astype(np.float64) for a in args]
-
-
 def check(taken: Taken, seed: int = 0, size: int = 3) -> str | None:
     """None when ``taken.scheduled`` (threads serial) computes what ``taken.kernel`` does, within
     two 16-bit roundings of each buffer's scale; else what differs. Symbolic extents are ``size``."""
-    arrays = _arrays(taken.kernel, np.random.default_rng(seed), size)
-    want = _run(reference(taken.kernel), arrays)
-    got = _run(serial_threads(taken.scheduled), arrays)
+    arrays = kernel_arrays(taken.kernel, np.random.default_rng(seed), size=size)
+    want = run_llvm_all(reference(taken.kernel), [a.copy() for a in arrays])
+    got = run_llvm_all(serial_threads(taken.scheduled), [a.copy() for a in arrays])
     for param, w, g in zip(taken.kernel.params, want, got):
+        w, g = w.astype(np.float64), g.astype(np.float64)
         scale = max(np.abs(w).max(initial=0.0), 1e-30)
         eps = 2.0 ** -10 if str(param.dtype) in ("float16", "bfloat16") else 2.0 ** -20
         if np.isnan(w).any() != np.isnan(g).any():

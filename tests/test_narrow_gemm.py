@@ -7,17 +7,15 @@ import re
 
 import pytest
 import tvm
-import tvm_ffi
 from tvm import relax
 from tvm.s_tir import dlight as dl
-from tvm.s_tir import SBlock
 from tvm.s_tir.analysis import verify_well_formed
 
 import vtc_tvm.schedules as S
 from vtc_tvm.pipeline import cuda_target, vtc_pipeline
 from vtc_tvm.schedules.narrow_gemm import MICRO, THREADS, fitted_config
-from tests.conftest import (assert_float32_sums, assert_nvcc_compiles, assert_same_on_llvm, conv_kernel,
-                            cuda_source_of, fused_kernels)
+from tests.conftest import (allocated_buffers, assert_float32_sums, assert_nvcc_compiles, assert_same_on_llvm,
+                            conv_kernel, cuda_source_of, fused_kernels)
 from tests.fuzz import cuda_sources
 
 TARGET = cuda_target()
@@ -55,9 +53,7 @@ def _schedule(func, rule=RULE, target=TARGET):
 
 def _shared_shapes(func) -> list:
     """The shapes of the shared-memory buffers a schedule stages its operands in."""
-    found = []
-    tvm_ffi.structural_walk(func.body, (SBlock, lambda b: found.extend(b.alloc_buffers)), order="post")
-    return sorted([int(d) for d in buf.shape] for buf in found if buf.scope() == "shared")
+    return sorted([int(d) for d in buf.shape] for buf in allocated_buffers(func) if buf.scope() == "shared")
 
 
 @pytest.mark.parametrize("name", list(TAKEN))
