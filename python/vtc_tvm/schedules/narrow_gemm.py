@@ -26,8 +26,6 @@ timing on a GPU has chosen it yet).
 
 from __future__ import annotations
 
-import math
-
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import collect_block_iter_vars_used_in_access_region
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
@@ -35,7 +33,7 @@ from tvm.s_tir.dlight.gpu.matmul import Matmul
 
 from . import batched_gemv
 from .accumulate import needs_widening, reduction_update, widen_accumulator
-from .window_reduction import holds_a_gemm
+from .window_reduction import holds_a_gemm, static_extent
 
 THREADS = 128  # threads a block, as DLight's CUDA tile (8 x 16)
 MICRO = 4  # outputs a thread along each of I and J, as DLight's
@@ -47,15 +45,9 @@ def narrow_extents(stmt):
     is not such a block."""
     if stmt.init is None or len(stmt.reads) < 2 or reduction_update(stmt) is None or not holds_a_gemm(stmt):
         return None
-    spatial = {iv.var: iv for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
-    a, b = (set(collect_block_iter_vars_used_in_access_region(stmt, r.region)) & set(spatial)
-            for r in stmt.reads[:2])
-
-    def extent(vars_):
-        dims = [spatial[v].dom.extent for v in vars_]
-        return math.prod(int(d) for d in dims) if all(isinstance(d, tirx.IntImm) for d in dims) else None
-
-    return extent(a - b), extent(b - a)
+    spatial = {iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
+    a, b = (set(collect_block_iter_vars_used_in_access_region(stmt, r.region)) & spatial for r in stmt.reads[:2])
+    return static_extent(stmt, iter_vars=a - b), static_extent(stmt, iter_vars=b - a)
 
 
 def fitted_config(cols: int, red: int | None) -> Matmul.Config:
@@ -89,28 +81,27 @@ class NarrowGEMM(GPUScheduleRule):
     def __init__(self, max_cols: int = 32, min_rows: int = 256):
         self.max_cols, self.min_rows = max_cols, min_rows
 
-    def accepts(self, stmt) -> bool:
-        """Limits 2 and 3 on the reduction block ``stmt``."""
+    def columns(self, stmt) -> int | None:
+        """J of the reduction block ``stmt`` where limits 2 and 3 hold on it, else None."""
         found = narrow_extents(stmt)
         if found is None:
-            return False
+            return None
         rows, cols = found
-        return cols is not None and cols <= self.max_cols and (rows is None or rows >= self.min_rows)
+        ok = cols is not None and cols <= self.max_cols and (rows is None or rows >= self.min_rows)
+        return cols if ok else None
 
     def apply(self, func, target, tunable):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         # the test reads the blocks alone: no schedule is built for the kernels it cannot be
-        if not any(self.accepts(b) for b in batched_gemv._blocks(func)):
+        if not any(self.columns(b) for b in batched_gemv._blocks(func)):
             return None
         found = batched_gemv.single_reduction(func)
-        if found is None or not self.accepts(found[0].get(found[1])):
+        cols = None if found is None else self.columns(found[0].get(found[1]))
+        if cols is None:
             return None
         sch, block = found
-        stmt = sch.get(block)
-        red = math.prod(int(iv.dom.extent) if isinstance(iv.dom.extent, tirx.IntImm) else 16
-                        for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.CommReduce)
-        config = fitted_config(narrow_extents(stmt)[1], red)
+        config = fitted_config(cols, static_extent(sch.get(block), tirx.IterVar.CommReduce))
         if needs_widening(sch, block):
             sch = widen_accumulator(sch, block)  # DLight accumulates in the output dtype
         try:

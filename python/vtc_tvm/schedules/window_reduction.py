@@ -60,9 +60,11 @@ def holds_a_gemm(stmt) -> bool:
     return any(a - b and b - a for i, a in enumerate(used) for b in used[i + 1:])
 
 
-def _extent(stmt, kind):
-    """The product of ``stmt``'s iter extents of ``kind`` (None if one is not static)."""
-    extents = [iv.dom.extent for iv in stmt.iter_vars if iv.iter_type == kind]
+def static_extent(stmt, kind=None, iter_vars=None):
+    """The product of ``stmt``'s iter extents of ``kind`` (or of the block vars ``iter_vars``);
+    None if one is not static."""
+    extents = [iv.dom.extent for iv in stmt.iter_vars
+               if (iv.iter_type == kind if iter_vars is None else iv.var in iter_vars)]
     if not all(isinstance(e, tirx.IntImm) for e in extents):
         return None
     return math.prod(int(e) for e in extents)
@@ -76,8 +78,8 @@ class WindowReduction(GPUScheduleRule):
 
     def accepts(self, stmt) -> bool:
         """Limits 1-4 on the reduction block ``stmt`` (the epilogue count is checked when scheduling)."""
-        terms = _extent(stmt, tirx.IterVar.CommReduce)
-        outputs = _extent(stmt, tirx.IterVar.DataPar)
+        terms = static_extent(stmt, tirx.IterVar.CommReduce)
+        outputs = static_extent(stmt, tirx.IterVar.DataPar)
         return (terms is not None and 1 < terms <= self.max_terms
                 and (outputs is None or outputs >= self.min_outputs) and reads_a_window(stmt)
                 and not holds_a_gemm(stmt))
