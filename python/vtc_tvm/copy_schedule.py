@@ -48,9 +48,16 @@ def vector_lanes(mapping: Mapping) -> int:
     its innermost axis; 1 if none."""
     if not mapping.shape or any(not isinstance(d, int) for d in mapping.shape):
         return 1
-    inner, last = mapping.shape[-1], mapping.vars[-1]
-    lanes = VECTOR_BYTES // max(tvm.runtime.DataType(mapping.dtype).bits // 8, 1)
-    while lanes > 1 and not (inner % lanes == 0 and all(_aligned(mapping, p, last, lanes) for p in mapping.pieces)):
+    last = mapping.vars[-1]
+    return widest_lanes(mapping.dtype, mapping.shape[-1],
+                        lambda lanes: all(_aligned(mapping, p, last, lanes) for p in mapping.pieces))
+
+
+def widest_lanes(dtype, extent: int, fits) -> int:
+    """The widest vector of ``dtype`` elements (at most 16 bytes, halving down to 1) that divides
+    ``extent`` and for which ``fits(lanes)`` holds."""
+    lanes = VECTOR_BYTES // max(tvm.runtime.DataType(str(dtype)).bits // 8, 1)
+    while lanes > 1 and not (extent % lanes == 0 and fits(lanes)):
         lanes //= 2
     return lanes
 
@@ -70,11 +77,8 @@ def block_lanes(block) -> int:
         return 1
     last, extent, load = block.iter_vars[-1].var, int(ext), store.value
     stored = tirx.BufferLoad(store.buffer, store.indices)
-    lanes = VECTOR_BYTES // max(tvm.runtime.DataType(store.buffer.dtype).bits // 8, 1)
-    while lanes > 1 and not (extent % lanes == 0 and all(
-            _unit_aligned(a.source.shape, a.indices, last, lanes, extent) for a in (load, stored))):
-        lanes //= 2
-    return lanes
+    return widest_lanes(store.buffer.dtype, extent, lambda lanes: all(
+        _unit_aligned(a.source.shape, a.indices, last, lanes, extent) for a in (load, stored)))
 
 
 def _aligned(mapping: Mapping, piece, last, lanes: int) -> bool:
@@ -287,11 +291,8 @@ def _update_lanes(block) -> int:
     dtype = block.body.buffer.dtype if isinstance(block.body, tirx.BufferStore) else None
     if dtype is None:
         return 1
-    lanes = VECTOR_BYTES // max(tvm.runtime.DataType(dtype).bits // 8, 1)
-    while lanes > 1 and not (extent % lanes == 0 and all(
-            isinstance(b.shape[-1], tirx.IntImm) and int(b.shape[-1]) % lanes == 0 for b in buffers)):
-        lanes //= 2
-    return lanes
+    return widest_lanes(dtype, extent, lambda lanes: all(
+        isinstance(b.shape[-1], tirx.IntImm) and int(b.shape[-1]) % lanes == 0 for b in buffers))
 
 
 def _is_select(e) -> bool:
@@ -328,12 +329,9 @@ def _piecewise_lanes(block, loads_checked: bool = True) -> int:
         return 1  # (a vector conversion TVM's CUDA code generator may not print)
     moving = [a for a in (loads if loads_checked else copies) if any(_uses(i, last) for i in a.indices)]
     stored = tirx.BufferLoad(store.buffer, store.indices)
-    lanes = VECTOR_BYTES // max(tvm.runtime.DataType(store.buffer.dtype).bits // 8, 1)
-    while lanes > 1 and not (extent % lanes == 0
-                             and all(_unit_aligned(a.source.shape, a.indices, last, lanes, extent) for a in moving + [stored])
-                             and all(_uniform(c, last, extent, lanes) for c in conds)):
-        lanes //= 2
-    return lanes
+    return widest_lanes(store.buffer.dtype, extent, lambda lanes: all(
+        _unit_aligned(a.source.shape, a.indices, last, lanes, extent) for a in moving + [stored])
+        and all(_uniform(c, last, extent, lanes) for c in conds))
 
 
 def _uniform(cond, last, extent: int, lanes: int) -> bool:
