@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import shutil
 import sys
 import time
 
@@ -28,7 +27,7 @@ import tvm
 from tvm import relax, tirx
 
 from vtc_tvm.pipeline import cuda_target, vtc_pipeline
-from tests.fuzz import cuda_sources
+from tests.fuzz import cuda_build
 from tests.schedule_semantics import Recorder, check_all
 
 TARGET = cuda_target()
@@ -169,12 +168,11 @@ def stock_builds(case: Case) -> bool:
 def run_case(case: Case, nvcc_check: bool = False):
     """``(rules that took a kernel, problems, skipped)`` of one case."""
     recorder = Recorder(TARGET)
-    ex = tvm.compile(case.build(), target=TARGET, relax_pipeline=vtc_pipeline(TARGET, schedules=recorder.rules))
-    if nvcc_check and shutil.which("nvcc"):
-        from tvm.support import nvcc
-
-        with TARGET:
-            nvcc.compile_cuda(cuda_sources(ex), target_format="ptx", arch="sm_90", compiler="nvcc")
+    pipeline = vtc_pipeline(TARGET, schedules=recorder.rules)
+    if nvcc_check:
+        cuda_build(case.build(), pipeline)  # the source through nvcc where it is on PATH
+    else:
+        tvm.compile(case.build(), target=TARGET, relax_pipeline=pipeline)
     problems, skipped = check_all(recorder.taken, seed=case.seed)
     return [t.rule for t in recorder.taken], problems, skipped
 
