@@ -146,8 +146,10 @@ def torch_module(model: onnx.ModelProto):
                 if array.dtype.kind == "f" and name in tensors:
                     self.register_buffer(f"w{i}", torch.from_numpy(np.array(array)))  # a writable copy
                     self.slots[name] = f"w{i}"
+            # the constant inputs' values (weights stay buffers: no tuple of millions of floats)
             self.nodes = [(ops[n.op_type], list(n.input), list(n.output), _attrs(n),
-                           [_values(consts.get(i)) for i in n.input]) for n in model.graph.node]
+                           [_values(consts.get(i)) if k in CONST_INPUTS.get(n.op_type, ()) else None
+                            for k, i in enumerate(n.input)]) for n in model.graph.node]
             self.inputs = [i.name for i in model.graph.input if i.name not in consts]
             self.outputs = [o.name for o in model.graph.output]
 
