@@ -6,8 +6,9 @@ channels) and computes 32 x 64 (I x J) tiles, 8 x 16 threads of 4 x 4 outputs, b
 padded to the tile (``pad_einsum``); tensor cores only when every non-batch extent is > 64. A
 convolution with 8, 16 or 32 output channels therefore computes 8, 4 or 2 times the products it
 needs, the padded ones on zeros. YOLO11n is made of such convolutions at high resolution: its
-C3k2 block at batch 16 runs four, J = 8, 16, 32 and 64 over 409600 pixels, in 0.54 ms of its
-0.58 (``benchmarks/results/paper_h200_three_columns.json``, stock DLight, H200). Here DLight's own
+C3k2 block at batch 16 runs four, J = 8, 16, 32 and 64 over 409600 pixels: 0.54 of the 0.67 ms
+of GPU time stock spends on it (``benchmarks/results/paper_h200_three_columns.json``, DLight,
+H200; 0.55 of vtc's 0.58). Here DLight's own
 Matmul schedule runs with the tile fitted to J: the threads along J cover J rounded up to a
 multiple of 4 (``MICRO``), the threads along I fill the block to ``THREADS`` (a thread's rows
 interleaved with its neighbours', :func:`fitted_config`), and the reduction step is 16 terms
