@@ -22,8 +22,9 @@ CUDA pipeline builds the graph (else it is discarded), then the ``"vtc"`` pipeli
 with each strategy (DLight and our schedule rules, the source through nvcc where it is on PATH),
 the default strategy launching no more kernels and planning no more memory than stock. Every
 kernel one of our schedule rules took runs on llvm with its thread loops serial against the
-kernel before scheduling (:mod:`tests.schedule_semantics`; not the WMMA ones); the numerics of
-the rest, DLight's schedules, are checked on the GPU only (the benchmarks, ``vtc-tvm --check``).
+kernel before scheduling (:mod:`tests.schedule_semantics`; WMMA ones through their untensorized
+twins); the numerics of the rest, DLight's schedules, are checked on the GPU only (the
+benchmarks, ``vtc-tvm --check``).
 
 A graph is kept as the Python source that builds it (``Case.code``), so a failing example
 prints, and is saved as, a standalone script.

@@ -8,7 +8,7 @@ fp16 or fp32, a static or symbolic batch, an epilogue (bias, ReLU, SiLU, scale, 
 transposed, sliced, padded or concatenated first. A case stock TVM cannot build is discarded;
 the others are built through the ``"vtc"`` pipeline for CUDA, and every kernel one of our rules
 took is run on llvm with its thread loops serial against the kernel it was given
-(:mod:`tests.schedule_semantics`; not the WMMA ones).
+(:mod:`tests.schedule_semantics`; WMMA ones through their untensorized twins).
 
     python -m tests.schedule_fuzz --cases 300 --seed 1 [--minutes 20] [--nvcc]
 

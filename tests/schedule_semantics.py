@@ -10,12 +10,16 @@ that writes part of a buffer is compared on the rest too). The reference sums in
 the kernel's 16-bit sums were widened (:func:`vtc_tvm.schedules.widen_accumulator`, as our rules
 do), so the two differ by summation order and the final rounding only.
 
-Not checked here: kernels on tensor cores (WMMA intrinsics have no llvm lowering), kernels with
-scalar parameters; they are counted in ``skipped`` with the reason.
+A kernel on tensor cores (WMMA intrinsics have no llvm lowering) is checked through its twin: the
+same rule with ``tensorize=False`` schedules the same kernel with the 16x16 tiles left as loops
+over thread-local buffers (same loop nest, staging and index arithmetic; not checked: that the
+intrinsics compute their tiles, which TVM's own tensorize matching guarantees). Not checked:
+kernels with scalar parameters, counted in ``skipped``.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import numpy as np
@@ -35,6 +39,7 @@ class Taken:
     rule: str
     kernel: tirx.PrimFunc  # as the rule saw it
     scheduled: tirx.PrimFunc
+    twin: tirx.PrimFunc | None = None  # WMMA kernels: the rule's schedule with the tiles as loops
 
 
 class _Recording(ScheduleRule):
@@ -44,7 +49,9 @@ class _Recording(ScheduleRule):
     def apply(self, func, target, tunable):
         sch = self.rule.apply(func, target, tunable)
         if sch is not None:
-            self.taken.append(Taken(type(self.rule).__name__, func, sch.mod["main"]))
+            scheduled = sch.mod["main"]
+            self.taken.append(Taken(type(self.rule).__name__, func, scheduled,
+                                    _untensorized(self.rule, func, target) if on_tensor_cores(scheduled) else None))
         return sch
 
     def is_target_available(self, target) -> bool:
@@ -60,9 +67,24 @@ class Recorder:
         self.rules = [_Recording(r, self.taken) if isinstance(r, OURS) else r for r in S.default_rules(target)]
 
 
+def on_tensor_cores(func: tirx.PrimFunc) -> bool:
+    return any(buf.scope().startswith("wmma") for buf in allocated_buffers(func))
+
+
+def _untensorized(rule, func, target) -> tirx.PrimFunc | None:
+    """``rule``'s schedule of ``func`` with ``tensorize=False`` (None: the rule has no such mode)."""
+    if not hasattr(rule, "tensorize"):
+        return None
+    twin = copy.copy(rule)
+    twin.tensorize = False
+    with target:
+        sch = twin.apply(func, target, False)
+    return None if sch is None else sch.mod["main"]
+
+
 def skip_reason(taken: Taken) -> str | None:
-    if any(buf.scope().startswith("wmma") for buf in allocated_buffers(taken.scheduled)):
-        return "tensor cores"
+    if on_tensor_cores(taken.scheduled) and taken.twin is None:
+        return "tensor cores without an untensorized twin"
     if not all(isinstance(p, tirx.Buffer) for p in taken.kernel.params):
         return "scalar parameters"
     return None
@@ -84,7 +106,7 @@ def check(taken: Taken, seed: int = 0, size: int = 3) -> str | None:
     two 16-bit roundings of each buffer's scale; else what differs. Symbolic extents are ``size``."""
     arrays = kernel_arrays(taken.kernel, np.random.default_rng(seed), size=size)
     want = run_llvm_all(reference(taken.kernel), [a.copy() for a in arrays])
-    got = run_llvm_all(serial_threads(taken.scheduled), [a.copy() for a in arrays])
+    got = run_llvm_all(serial_threads(taken.twin or taken.scheduled), [a.copy() for a in arrays])
     for param, w, g in zip(taken.kernel.params, want, got):
         w, g = w.astype(np.float64), g.astype(np.float64)
         scale = max(np.abs(w).max(initial=0.0), 1e-30)

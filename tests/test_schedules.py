@@ -410,7 +410,8 @@ def test_cuda_source_compiles_with_nvcc():
 def test_default_rules_are_ours_then_tvms():
     stock = [p for p in _backend(TARGET).legalize_passes(TARGET) if p.info.name == "ApplyDefaultSchedule"][0].rules
     rules = S.default_rules(TARGET)
-    ours = [S.WindowReduction, S.DecodeAttention, S.TensorCoreGEMM, S.LowBatchGEMM, S.NarrowGEMM]
+    ours = [S.WindowReduction, S.DecodeAttention, S.TensorCoreGEMM, S.LowBatchGEMM, S.NarrowGEMM,
+            S.FittedTensorCoreGEMM]
     assert [type(r) for r in rules[:len(ours)]] == ours
     assert [type(r) for r in rules[len(ours):]] == [type(r) for r in stock]
     assert "ApplyDefaultSchedule" in S.ApplySchedules(TARGET).info.name

@@ -10,6 +10,8 @@ pipeline; ``ApplySchedules(target)`` is ``dlight.ApplyDefaultSchedule`` over tha
   windows, one thread an output element (DLight spreads their 9 terms over a block)
 * :class:`NarrowGEMM` (:mod:`.narrow_gemm`): GEMMs and dense convolutions with <= 32 output
   channels, DLight's Matmul schedule with its tile fitted (DLight pads them to 64)
+* :class:`FittedTensorCoreGEMM` (:mod:`.fitted_tensor_core`): many-row fp16 GEMMs with 33..128
+  output channels that DLight leaves to SIMT (an extent <= 64), on WMMA with the tile fitted
 * :func:`widen_accumulator` (:mod:`.accumulate`): the float32-accumulation TIR rewrite both use
 * :mod:`.batched_gemv`: the shared matcher, schedule and tiling plan (target data: SM counts)
 
@@ -24,6 +26,7 @@ import tvm
 
 from .accumulate import widen_accumulator
 from .decode_attention import DecodeAttention
+from .fitted_tensor_core import FittedTensorCoreGEMM
 from .low_batch_gemm import LowBatchGEMM
 from .narrow_gemm import NarrowGEMM
 from .tensor_core_gemm import TensorCoreGEMM
@@ -44,7 +47,8 @@ def stock_rules(target) -> list:
 
 def our_rules(target) -> list:
     """Our rules, most specialised first (they return None on anything else)."""
-    return [WindowReduction(), DecodeAttention(), TensorCoreGEMM(), LowBatchGEMM(), NarrowGEMM()]
+    return [WindowReduction(), DecodeAttention(), TensorCoreGEMM(), LowBatchGEMM(), NarrowGEMM(),
+            FittedTensorCoreGEMM()]
 
 
 def default_rules(target) -> list:
@@ -59,5 +63,5 @@ def ApplySchedules(target) -> tvm.transform.Pass:  # noqa: N802 - a pass, named 
     return dl.ApplyDefaultSchedule(*default_rules(target))
 
 
-__all__ = ["ApplySchedules", "DecodeAttention", "LowBatchGEMM", "default_rules", "NarrowGEMM", "our_rules",
+__all__ = ["ApplySchedules", "DecodeAttention", "FittedTensorCoreGEMM", "LowBatchGEMM", "default_rules", "NarrowGEMM", "our_rules",
            "stock_rules", "TensorCoreGEMM", "WindowReduction", "widen_accumulator"]

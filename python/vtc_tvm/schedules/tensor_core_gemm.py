@@ -217,8 +217,9 @@ def compute_capability(target) -> int:
 class TensorCoreGEMM(GPUScheduleRule):
     """WMMA schedule of a 16..64-row GEMM against a weight matrix; None ("not mine") otherwise."""
 
-    def __init__(self, max_rows: int = 64, min_weight: int = 1 << 20):
+    def __init__(self, max_rows: int = 64, min_weight: int = 1 << 20, tensorize: bool = True):
         self.max_rows, self.min_weight = max_rows, min_weight
+        self.tensorize = tensorize  # False: the tiles as loops, to run on llvm (:func:`schedule`)
 
     def apply(self, func, target, _tunable):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
@@ -234,6 +235,6 @@ class TensorCoreGEMM(GPUScheduleRule):
                 return None
             sch, form, epilogue = prepared
             # on a copy: a refusal below leaves the prepared schedule to the next rule
-            return schedule(sch.copy(), form, epilogue, tiling)
+            return schedule(sch.copy(), form, epilogue, tiling, self.tensorize)
         except s_tir.ScheduleError:
             return None

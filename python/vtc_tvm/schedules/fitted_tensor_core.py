@@ -1,0 +1,252 @@
+"""FittedTensorCoreGEMM: tensor cores for the GEMMs DLight leaves to SIMT, their tile fitted to them.
+
+DLight's Matmul rule (TVM 0.27, CUDA) takes tensor cores only when every non-batch extent of
+the normalised GEMM ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` is > 64: its WMMA tile is
+128 x 128 x 64 and would pad a 64-channel convolution 2x. The rest run as SIMT tiles on CUDA
+cores. A convolutional network is full of such GEMMs: in whole YOLO11n at batch 16, 19 of the
+48 GEMM kernels DLight's Matmul would schedule (I the output pixels, J the output channels, K
+the window times the input channels) have 48..80 output channels or a reduction of <= 64 terms,
+among them its heaviest (64 channels over 3 x 3 x 64 inputs at 80 x 80; the census:
+``python -m benchmarks.rule_census``, ``benchmarks/results/rule_census.md``). Here they run on
+WMMA 16x16x16 (fp16 in, float32 sums) with the block tile fitted to J and K instead:
+
+* ``BN`` = J rounded up to 16 (the whole J in one block), ``BK`` = the largest of 4, 3, 2 or 1
+  fragments dividing K rounded up to 16 (K = 48 is one step of 48, not 64), ``BM`` = 128 rows,
+  or 64 / 32 until there are two blocks an SM; 4 warps along I (2 at ``BM`` = 32), 2 along
+  J where ``BN`` >= 64, each warp ``BM / 16 / warps`` x ``BN / 16 / warps`` accumulator fragments;
+* both operands staged in shared memory a ``BK`` step at a time, each copied with the threads
+  along the operand's contiguous axis: in NCHW the pixels, so a convolution's window gather
+  reads 32 neighbouring pixels a warp where DLight's copy reads along the window and channels
+  (strided); the widest vector the mapping provably reads aligned
+  (:func:`.copy_schedule.block_lanes`) where the contiguous axis is the reduction;
+* the float32 fragments stored to shared memory, the epilogue (cast, bias, activation, the
+  output's layout or mapping) inlined into the copy to global, threads along the output's
+  contiguous axis.
+
+Limits: 1. one reduction block that DLight's Matmul normalises, fp16 operands, a 16-bit or
+float32 output (16-bit sums are widened first, :func:`.accumulate.widen_accumulator`); 2. J, K
+and I static, ``min_cols`` < J <= ``max_cols`` (32 < J <= 128; at <= 32 :class:`.NarrowGEMM`'s
+SIMT tile, which no timing has compared with this one yet), I >= ``min_rows`` (a symbolic I
+padded to the tile leaves a scope ``compute_at`` refuses; DLight's own tensor-core rule raises
+on it); 3. only where DLight would not tensorize (some extent <= 64): elsewhere its pipelined
+128 x 128 tile stays; 4. no software pipelining (a step's loads are not overlapped with the
+previous step's MMAs; most of these reductions are 1..9 steps); 5. CUDA with compute capability
+>= 70, no ``dlight.do_not_tensorize``; 6. the tile is fitted, not tuned: no GPU timing has
+chosen it yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from tvm import s_tir, tirx
+from tvm.s_tir.dlight.analysis import collect_block_iter_vars_used_in_access_region
+from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
+from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain, auto_inline_producers, get_index_map
+
+from ..copy_schedule import block_lanes
+from . import batched_gemv, wmma
+from .accumulate import needs_widening, widen_accumulator
+from .narrow_gemm import narrow_extents
+from .tensor_core_gemm import MIN_ARCH, MMA, _tensorize_tiles, compute_capability
+from .window_reduction import static_extent
+
+DLIGHT_MIN_EXTENT = 64  # DLight tensorizes only where every static non-batch extent exceeds this
+ROW_TILES = (128, 64, 32)  # BM, largest first while the blocks still fill the SMs twice
+STEP_FRAGMENTS = (4, 3, 2, 1)  # BK / 16, largest dividing the padded reduction
+SHARED_PAD = 8  # fp16 elements padding each staged row (bank conflicts of the fragment loads)
+ACC_PAD = 4  # float32 elements padding each staged accumulator row
+WARP = 32
+# The operands' steps in static shared memory (at most (128 + 128) x (64 + 8) halves, 36 KiB), the
+# float32 results in dynamic shared memory (up to 128 x 132 floats, 66 KiB: above the static 48 KiB).
+# Apart for a reason: where both are ``shared.dyn`` and the results fit a staged operand's
+# buffer, TVM 0.27's StorageRewrite reuses that buffer for them and types the WMMA store's
+# ``tvm_access_ptr`` float32 over a float16 buffer, which LowerIntrin rejects (a 64 x 64 x 64
+# tile did so; DLight's 128 x 128 results never fit its operands' buffers).
+OPERAND_SCOPE = "shared"
+RESULT_SCOPE = "shared.dyn"
+
+
+@dataclass(frozen=True)
+class Tile:
+    """A block computes ``bm x bn`` outputs ``bk`` reduction terms a step, ``wi x wj`` warps."""
+
+    bm: int
+    bn: int
+    bk: int
+    wi: int
+    wj: int
+
+    @property
+    def warps(self) -> int:
+        return self.wi * self.wj
+
+
+def plan(rows: int, cols: int, red: int, sms: int) -> Tile:
+    """The tile for a ``rows x cols x red`` GEMM on ``sms`` SMs."""
+    bn = -(-cols // MMA) * MMA
+    wj = 2 if bn >= 64 and (bn // MMA) % 2 == 0 else 1
+    bm = next((m for m in ROW_TILES if -(-rows // m) >= 2 * sms), ROW_TILES[-1])
+    steps = -(-red // MMA)
+    kt = next(d for d in STEP_FRAGMENTS if steps % d == 0)
+    return Tile(bm, bn, kt * MMA, 4 if bm >= 64 else 2, wj)
+
+
+def _intrinsics() -> dict:
+    """WMMA fp16 -> float32 between shared memory and fragments (:mod:`.wmma`); the second
+    operand is ``B[J, K]``, i.e. transposed."""
+    args = (MMA, MMA, MMA)
+    return {
+        "load_a": wmma.intrinsic("wmma_load_16x16x16_f16_a_shared", "get_wmma_load_intrin",
+                                 *args, "float16", OPERAND_SCOPE, False, False),
+        "load_b": wmma.intrinsic("wmma_load_16x16x16_f16_b_trans_shared", "get_wmma_load_intrin",
+                                 *args, "float16", OPERAND_SCOPE, True, True),
+        "store": wmma.intrinsic("wmma_store_16x16x16_f32_shared_dyn", "get_wmma_store_intrin",
+                                *args, "float32", RESULT_SCOPE),
+        "init": wmma.intrinsic("wmma_fill_16x16x16_f32", "get_wmma_fill_intrin", *args, "float32"),
+        "compute": wmma.intrinsic("wmma_sync_16x16x16_f16f16f32_trans", "get_wmma_sync_intrin",
+                                  *args, "float16", "float32", True),
+    }
+
+
+def _spatial_inner(stmt, region, spatial) -> bool:
+    """Whether the innermost index of ``region`` (the buffer's contiguous axis) moves with one of
+    the block's iter vars in ``spatial``: the copy of that operand then runs along them."""
+    used = collect_block_iter_vars_used_in_access_region(stmt, list(region)[-1:])
+    return bool(set(used) & spatial)
+
+
+def contiguous_axes(stmt) -> tuple[bool, bool, bool]:
+    """For A, B and C of a GEMM block (as DLight normalises it): whether the copy runs along the
+    spatial axis (I for A and C, J for B) rather than along K (A, B) or J (C)."""
+    spatial = {iv.var for iv in stmt.iter_vars if iv.iter_type == tirx.IterVar.DataPar}
+    a, b = (set(collect_block_iter_vars_used_in_access_region(stmt, r.region)) & spatial for r in stmt.reads[:2])
+    i_vars, j_vars = a - b, b - a
+    return (_spatial_inner(stmt, stmt.reads[0].region, i_vars), _spatial_inner(stmt, stmt.reads[1].region, j_vars),
+            _spatial_inner(stmt, stmt.writes[0].region, i_vars))
+
+
+def schedule(sch: s_tir.Schedule, main, tile: Tile, along: tuple[bool, bool, bool],
+             tensorize: bool = True) -> s_tir.Schedule:
+    """Schedule the GEMM block ``main`` of ``sch`` on tensor cores with ``tile``; ``along``: the
+    operands' copy directions (:func:`contiguous_axes`, of the block before normalisation).
+
+    ``tensorize=False`` leaves the 16x16 tiles as loops over thread-local buffers: the same loop
+    nest and index arithmetic without the intrinsics, which llvm can run (the CPU tests do)."""
+    scope = (lambda frag: f"wmma.{frag}") if tensorize else (lambda frag: "local")
+    # C[S, I, J] += A[S, I, K] * B[S, J, K], as DLight's Matmul normalises it
+    reindex = [sch.reindex(main, ("read", 0)), sch.reindex(main, ("read", 1)), sch.reindex(main, ("write", 0))]
+    gemm_map, a_map, b_map, c_map = get_index_map(sch.get(main))
+    sch.transform_layout(reindex[0], ("write", 0), a_map)
+    sch.transform_layout(reindex[1], ("write", 0), b_map)
+    sch.transform_layout(reindex[2], ("read", 0), c_map)
+    sch.transform_block_layout(main, gemm_map)
+    sch.pad_einsum(main, [1, tile.bm, tile.bn, tile.bk])
+
+    batch, i, j, k = sch.get_loops(main)
+    i, ii = sch.split(i, factors=[None, MMA])
+    j, ji = sch.split(j, factors=[None, MMA])
+    k, ki = sch.split(k, factors=[None, MMA])
+    sch.reorder(i, j, k, ii, ji, ki)
+    mma = sch.blockize(ii)
+    i0, i1, i2 = sch.split(i, factors=[None, tile.wi, tile.bm // MMA // tile.wi])
+    j0, j1, j2 = sch.split(j, factors=[None, tile.wj, tile.bn // MMA // tile.wj])
+    k0, k1 = sch.split(k, factors=[None, tile.bk // MMA])
+    sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
+    sch.bind(sch.fuse(i0, j0), "blockIdx.x")
+    sch.bind(batch, "blockIdx.y")
+    warp = sch.fuse(i1, j1)
+    sch.bind(warp, "threadIdx.y")
+
+    for idx in (0, 1):  # each operand's BK step in shared memory, copied along its contiguous axis
+        staged = sch.cache_read(mma, idx, OPERAND_SCOPE)
+        sch.compute_at(staged, k0)
+        auto_inline_producers(sch, staged)
+        outer, inner = sch.get_loops(staged)[-2:]
+        lanes = 1
+        if along[idx]:
+            sch.reorder(inner, outer)
+        else:
+            lanes = block_lanes(sch.get(staged))
+        _, ty, tx, vec = sch.split(sch.fuse(*sch.get_loops(staged)[-2:]),
+                                   factors=[None, tile.warps, WARP, lanes])
+        sch.bind(ty, "threadIdx.y")
+        sch.bind(tx, "threadIdx.x")
+        if lanes > 1:
+            sch.vectorize(vec)
+        sch.storage_align(staged, 0, axis=-2, factor=MMA, offset=SHARED_PAD)
+
+    a_frag = sch.cache_read(mma, 0, scope("matrix_a"))
+    b_frag = sch.cache_read(mma, 1, scope("matrix_b"))
+    sch.compute_at(a_frag, k1)
+    sch.compute_at(b_frag, k1)
+    # float32 fragments -> shared memory -> the output (epilogue inlined), a warp's tile at a time
+    out = sch.cache_write(mma, 0, RESULT_SCOPE)
+    acc = sch.cache_write(mma, 0, scope("accumulator"))
+    sch.reverse_compute_at(acc, warp)
+    sch.reverse_compute_at(out, warp)
+    init = sch.decompose_reduction(mma, k0)
+    acc_name = sch.get(acc).name_hint
+    if tensorize:
+        intrin = _intrinsics()
+        for frag, name in ((a_frag, "load_a"), (b_frag, "load_b"), (acc, "store")):
+            _tensorize_tiles(sch, frag, intrin[name])
+        sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], intrin["init"])
+        sch.tensorize(sch.get_loops(sch.get_child_blocks(mma)[0])[-3], intrin["compute"])
+    # rows padded: the copy out reads a column a warp. Aligned on the block that writes them, as
+    # tensorized (DLight aligns the block that reads them into the output, which pads nothing:
+    # its rows stay 128 floats, 32-way bank conflicts)
+    writer = sch.get_sblock(acc_name + "_o") if tensorize else acc  # tensorize made a new block
+    sch.storage_align(writer, 0, axis=-2, factor=MMA, offset=ACC_PAD)
+    auto_inline_consumer_chain(sch, out)
+    rows, cols = sch.get_loops(out)[-2:]
+    if along[2]:
+        sch.reorder(cols, rows)
+    _, tx = sch.split(sch.fuse(*sch.get_loops(out)[-2:]), factors=[None, WARP])
+    sch.bind(tx, "threadIdx.x")
+    return sch
+
+
+class FittedTensorCoreGEMM(GPUScheduleRule):
+    """WMMA schedule of a many-row fp16 GEMM DLight leaves to SIMT; None ("not mine") otherwise."""
+
+    def __init__(self, min_cols: int = 32, max_cols: int = 128, min_rows: int = 256, tensorize: bool = True):
+        self.min_cols, self.max_cols, self.min_rows = min_cols, max_cols, min_rows
+        self.tensorize = tensorize  # False: the tiles as loops, to run on llvm (:func:`schedule`)
+
+    def extents(self, stmt) -> Optional[tuple]:
+        """``(I, J, K)`` of the reduction block ``stmt`` where limits 1-3 hold on it, else None."""
+        found = narrow_extents(stmt)
+        if found is None or str(stmt.reads[0].source.dtype) != "float16" \
+                or str(stmt.reads[1].source.dtype) != "float16":
+            return None
+        rows, cols = found
+        red = static_extent(stmt, tirx.IterVar.CommReduce)
+        if None in (rows, cols, red) or not self.min_cols < cols <= self.max_cols or rows < self.min_rows:
+            return None
+        if min(rows, cols, red) > DLIGHT_MIN_EXTENT:
+            return None  # DLight's own tensor-core tile takes it
+        return rows, cols, red
+
+    def apply(self, func, target, _tunable):
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        if compute_capability(target) < MIN_ARCH or "dlight.do_not_tensorize" in func.attrs:
+            return None
+        if not any(self.extents(b) for b in batched_gemv._blocks(func)):
+            return None
+        found = batched_gemv.single_reduction(func)
+        extents = None if found is None else self.extents(found[0].get(found[1]))
+        if extents is None or get_index_map(found[0].get(found[1])) is None:
+            return None
+        sch, block = found
+        along = contiguous_axes(sch.get(block))
+        tile = plan(*extents, batched_gemv.sm_count(target))
+        name = sch.get(block).name_hint
+        if needs_widening(sch, block):
+            sch = widen_accumulator(sch, block)
+        try:
+            return schedule(sch, sch.get_sblock(name), tile, along, self.tensorize)
+        except (RuntimeError, ValueError):  # a primitive or tensorize refusing: not mine
+            return None

@@ -1,0 +1,131 @@
+"""vtc_tvm.schedules.FittedTensorCoreGEMM: which GEMMs it takes (many rows, 33..128 output channels,
+where DLight's Matmul stays on CUDA cores), that its WMMA schedule computes the kernel with
+float32 sums (its untensorized twin on llvm, thread loops serial), compiles to CUDA with nvcc,
+fits its tile to the GEMM and copies along the contiguous axes."""
+
+import re
+
+import pytest
+import tvm
+from tvm import relax
+from tvm.s_tir.analysis import verify_well_formed
+
+import vtc_tvm.schedules as S
+from vtc_tvm.pipeline import cuda_target
+from vtc_tvm.schedules import batched_gemv
+from vtc_tvm.schedules.fitted_tensor_core import ACC_PAD, Tile, contiguous_axes, plan
+from tests.conftest import (allocated_buffers, assert_nvcc_compiles, assert_same_on_llvm, conv_kernel, cuda_source_of,
+                            fused_kernels)
+from tests.schedule_semantics import reference
+
+TARGET = cuda_target()
+RULE = S.FittedTensorCoreGEMM()
+TWIN = S.FittedTensorCoreGEMM(tensorize=False)
+
+
+def dense(C, cin, k=3, stride=1, H=20, **kw):
+    return lambda: conv_kernel(C, k, stride, groups=1, cin=cin, H=H, **kw)
+
+
+def matmul(m, k, n, batch=None):
+    def make():
+        x = relax.Var("x", relax.TensorType((m, k) if batch is None else (batch, m, k), "float16"))
+        w = relax.Var("w", relax.TensorType((k, n), "float16"))
+        (func,) = fused_kernels(lambda bb, x, w: relax.op.matmul(x, w), [x, w])
+        return func
+    return make
+
+
+TAKEN = {  # name -> (kernel, output channels J); 2 images unless said
+    "1x1 48 -> 64 (YOLO11n C3k2's cv2)": (dense(64, 48, k=1), 64),
+    "3x3 64 -> 64 (YOLO11n's heaviest)": (dense(64, 64), 64),
+    "1x1 64 -> 64, a 64 x 64 x 64 tile": (dense(64, 64, k=1), 64),
+    "1x1 64 -> 80 (YOLO11n's class head)": (dense(80, 64, k=1), 80),
+    "3x3 stride 2 40 -> 48, no relu": (dense(48, 40, stride=2, H=40, relu=False), 48),
+    "1x1 16 -> 128, no epilogue": (dense(128, 16, k=1, H=24, bias=False, relu=False), 128),
+    "matmul 600 x 48 @ 48 x 100": (matmul(600, 48, 100), 100),
+    "matmul 512 x 200 @ 200 x 56 (K of 13 steps)": (matmul(512, 200, 56), 56),
+    "batched 3 x 300 x 40 @ 40 x 64": (matmul(300, 40, 64, batch=3), 64),
+}
+
+
+def _schedule(func, rule=RULE, target=TARGET):
+    with target:
+        sch = rule.apply(func, target, False)
+    return None if sch is None else sch.mod["main"]
+
+
+@pytest.mark.parametrize("name", list(TAKEN))
+def test_takes_and_its_twin_sums_in_float32(name):
+    """Taken onto WMMA; the same schedule with the tiles as loops computes the kernel as it is
+    with float32 sums (the widened reference), every element within two fp16 roundings."""
+    func = TAKEN[name][0]()
+    scheduled = _schedule(func)
+    assert scheduled is not None and verify_well_formed(scheduled)
+    assert any(b.scope().startswith("wmma.") for b in allocated_buffers(scheduled))
+    twin = _schedule(func, TWIN)
+    assert not any(b.scope().startswith("wmma.") for b in allocated_buffers(twin))
+    assert_same_on_llvm(reference(func), twin, tol=2.0 ** -9)
+
+
+def test_cuda_source_compiles_with_nvcc():
+    """Every kernel above as CUDA through nvcc. The 64 x 64 x 64 tile is the case that made the
+    scopes differ: with operands and results both in ``shared.dyn``, StorageRewrite put the
+    results in an operand's buffer and LowerIntrin rejected the float32 pointer into it."""
+    funcs = [_schedule(make()) for make, _ in TAKEN.values()]
+    src = cuda_source_of(funcs, TARGET)
+    assert len(re.findall(r"__global__[^;{]*\{", src)) == len(funcs)
+    assert src.count("nvcuda::wmma::mma_sync") >= len(funcs)
+    assert_nvcc_compiles(src, TARGET)
+
+
+@pytest.mark.parametrize("name", list(TAKEN))
+def test_tile_fits_the_columns(name):
+    """The results are staged ``BN + ACC_PAD`` floats a row, BN the columns rounded up to 16
+    (DLight's tensor-core tile is 128 wide, its rows unpadded)."""
+    make, cols = TAKEN[name]
+    src = cuda_source_of([_schedule(make())], TARGET)
+    bn = -(-cols // 16) * 16
+    assert re.search(rf"store_matrix_sync\([^;]*, {bn + ACC_PAD}, nvcuda::wmma::mem_row_major\)", src)
+
+
+@pytest.mark.parametrize("args,tile", [
+    ((409600, 64, 48, 132), Tile(128, 64, 48, 4, 2)),  # C3k2's cv2 at batch 16: one 48-term step
+    ((102400, 64, 576, 132), Tile(128, 64, 64, 4, 2)),
+    ((25600, 64, 576, 132), Tile(64, 64, 64, 4, 2)),  # 400 blocks of 128 would not fill 132 SMs twice
+    ((6400, 80, 64, 132), Tile(32, 80, 64, 2, 1)),  # 5 fragments along J: one warp column
+    ((800, 56, 200, 132), Tile(32, 64, 16, 2, 2)),  # 13 steps of 16: no larger step divides
+    ((1000, 40, 144, 132), Tile(32, 48, 48, 2, 1)),
+])
+def test_plan(args, tile):
+    assert plan(*args) == tile
+
+
+def test_copies_run_along_the_contiguous_axes():
+    """NCHW convolution: the pixels (I) are contiguous in the input and the output, K in the
+    weights; row-major ``x[I, K] @ w[K, J]``: K in x, J in w and the output."""
+    conv = batched_gemv.single_reduction(dense(64, 48, k=1)())
+    assert contiguous_axes(conv[0].get(conv[1])) == (True, False, True)
+    gemm = batched_gemv.single_reduction(matmul(600, 48, 100)())
+    assert contiguous_axes(gemm[0].get(gemm[1])) == (False, True, False)
+
+
+@pytest.mark.parametrize("make,why", [
+    (dense(32, 48, k=1), "32 channels: NarrowGEMM's"),
+    (dense(160, 48, k=1), "160 > max_cols"),
+    (dense(128, 128, k=1), "every extent > 64: DLight's own tensor-core tile"),
+    (dense(64, 48, k=1, H=8, N=1), "64 output pixels < min_rows"),
+    (dense(64, 48, k=1, N="n"), "a symbolic batch: padded, a scope compute_at refuses"),
+    (lambda: conv_kernel(64, 3, 1, H=20), "a depthwise conv is no GEMM (WindowReduction's)"),
+    (lambda: conv_kernel(64, 1, 1, groups=1, cin=48, H=20, dtype="float32"), "fp32: no fp32 WMMA"),
+    (matmul(16, 4096, 64), "16 rows: a decode projection (TensorCoreGEMM's, LowBatchGEMM's)"),
+])
+def test_declines(make, why):
+    assert _schedule(make()) is None, why
+
+
+def test_declines_old_gpus_cpus_and_do_not_tensorize():
+    func = dense(64, 48, k=1)()
+    assert _schedule(func, target=tvm.target.Target({"kind": "cuda", "arch": "sm_61"})) is None
+    assert _schedule(func, target=tvm.target.Target("llvm")) is None
+    assert _schedule(func.with_attr("dlight.do_not_tensorize", True)) is None
