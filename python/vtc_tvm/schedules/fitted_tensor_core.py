@@ -1,38 +1,42 @@
-"""FittedTensorCoreGEMM: tensor cores for the GEMMs DLight leaves to SIMT, their tile fitted to them.
+"""FittedTensorCoreGEMM: tensor cores for the GEMMs DLight leaves to SIMT or fails on, the tile fitted.
 
-DLight's Matmul rule (TVM 0.27, CUDA) takes tensor cores only when every non-batch extent of
-the normalised GEMM ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` is > 64: its WMMA tile is
-128 x 128 x 64 and would pad a 64-channel convolution 2x. The rest run as SIMT tiles on CUDA
+DLight's Matmul rule (TVM 0.27, CUDA) takes tensor cores only when every static non-batch
+extent of the normalised GEMM ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` is > 64: its WMMA tile
+is 128 x 128 x 64 and would pad a 64-channel convolution 2x. The rest run as SIMT tiles on CUDA
 cores. A convolutional network is full of such GEMMs: in whole YOLO11n at batch 16, 19 of the
 48 GEMM kernels DLight's Matmul would schedule (I the output pixels, J the output channels, K
 the window times the input channels) have 48..80 output channels or a reduction of <= 64 terms,
 among them its heaviest (64 channels over 3 x 3 x 64 inputs at 80 x 80; the census:
-``python -m benchmarks.rule_census``, ``benchmarks/results/rule_census.md``). Here they run on
-WMMA 16x16x16 (fp16 in, float32 sums) with the block tile fitted to J and K instead:
+``python -m benchmarks.rule_census``, ``benchmarks/results/rule_census.md``). And where I is
+symbolic (a model with a dynamic batch) and J, K > 64, DLight's tensor-core schedule raises
+(``compute_at`` refuses the scope its padding leaves): stock TVM cannot build an fp16
+convolution of more than 64 channels with a symbolic batch for CUDA. Here both run on WMMA
+16x16x16 (fp16 in, float32 sums) with the block tile fitted to J and K:
 
-* ``BN`` = J rounded up to 16 (the whole J in one block), ``BK`` = the largest of 4, 3, 2 or 1
-  fragments dividing K rounded up to 16 (K = 48 is one step of 48, not 64), ``BM`` = 128 rows,
-  or 64 / 32 until there are two blocks an SM; 4 warps along I (2 at ``BM`` = 32), 2 along
-  J where ``BN`` >= 64, each warp ``BM / 16 / warps`` x ``BN / 16 / warps`` accumulator fragments;
+* ``BN`` = J rounded up to 16 up to 128 (more columns: shared evenly by the fewest blocks,
+  each rounded up to 16: 160 = 2 x 80),
+  ``BK`` = the largest of 4, 3, 2 or 1 fragments dividing K rounded up to 16 (K = 48 is one
+  step of 48, not 64), ``BM`` = 128 rows, or 64 / 32 until there are two blocks an SM; 4 warps
+  along I (2 at ``BM`` = 32), 2 along J where ``BN`` >= 64;
+* the 16x16x16 tiles blockized by ``tensorize``, last: blockized before the stages are placed,
+  a padded symbolic I leaves the scope ``compute_at`` refuses (DLight's failure above);
 * both operands staged in shared memory a ``BK`` step at a time, each copied with the threads
   along the operand's contiguous axis: in NCHW the pixels, so a convolution's window gather
   reads 32 neighbouring pixels a warp where DLight's copy reads along the window and channels
   (strided); the widest vector the mapping provably reads aligned
   (:func:`.copy_schedule.block_lanes`) where the contiguous axis is the reduction;
-* the float32 fragments stored to shared memory, the epilogue (cast, bias, activation, the
-  output's layout or mapping) inlined into the copy to global, threads along the output's
-  contiguous axis.
+* the float32 fragments stored to shared memory (rows padded), the epilogue (cast, bias,
+  activation, the output's layout or mapping) inlined into the copy to global, threads along
+  the output's contiguous axis.
 
 Limits: 1. one reduction block that DLight's Matmul normalises, fp16 operands, a 16-bit or
-float32 output (16-bit sums are widened first, :func:`.accumulate.widen_accumulator`); 2. J, K
-and I static, ``min_cols`` < J <= ``max_cols`` (32 < J <= 128; at <= 32 :class:`.NarrowGEMM`'s
-SIMT tile, which no timing has compared with this one yet), I >= ``min_rows`` (a symbolic I
-padded to the tile leaves a scope ``compute_at`` refuses; DLight's own tensor-core rule raises
-on it); 3. only where DLight would not tensorize (some extent <= 64): elsewhere its pipelined
-128 x 128 tile stays; 4. no software pipelining (a step's loads are not overlapped with the
-previous step's MMAs; most of these reductions are 1..9 steps); 5. CUDA with compute capability
->= 70, no ``dlight.do_not_tensorize``; 6. the tile is fitted, not tuned: no GPU timing has
-chosen it yet.
+float32 output (16-bit sums are widened first, :func:`.accumulate.widen_accumulator`); 2. J and
+K static, J > ``min_cols`` (32; at <= 32 :class:`.NarrowGEMM`'s SIMT tile, which no timing has
+compared with this one yet), I symbolic or >= ``min_rows``; 3. static I, J, K all > 64 stay
+DLight's (its pipelined 128 x 128 tile); 4. no software pipelining (a step's loads are not
+overlapped with the previous step's MMAs; most of these reductions are 1..9 steps); 5. CUDA
+with compute capability >= 70, no ``dlight.do_not_tensorize``; 6. the tile is fitted, not
+tuned: no GPU timing has chosen it yet.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from .window_reduction import static_extent
 
 DLIGHT_MIN_EXTENT = 64  # DLight tensorizes only where every static non-batch extent exceeds this
 ROW_TILES = (128, 64, 32)  # BM, largest first while the blocks still fill the SMs twice
+MAX_TILE_COLS = 128  # BN at most; more columns are shared evenly by several blocks along J
 STEP_FRAGMENTS = (4, 3, 2, 1)  # BK / 16, largest dividing the padded reduction
 SHARED_PAD = 8  # fp16 elements padding each staged row (bank conflicts of the fragment loads)
 ACC_PAD = 4  # float32 elements padding each staged accumulator row
@@ -83,11 +88,12 @@ class Tile:
         return self.wi * self.wj
 
 
-def plan(rows: int, cols: int, red: int, sms: int) -> Tile:
-    """The tile for a ``rows x cols x red`` GEMM on ``sms`` SMs."""
-    bn = -(-cols // MMA) * MMA
+def plan(rows: Optional[int], cols: int, red: int, sms: int) -> Tile:
+    """The tile for a ``rows x cols x red`` GEMM (``rows`` None: symbolic) on ``sms`` SMs."""
+    along_j = -(-cols // MAX_TILE_COLS)  # blocks along J, the columns shared evenly
+    bn = -(-(-(-cols // along_j)) // MMA) * MMA
     wj = 2 if bn >= 64 and (bn // MMA) % 2 == 0 else 1
-    bm = next((m for m in ROW_TILES if -(-rows // m) >= 2 * sms), ROW_TILES[-1])
+    bm = next((m for m in ROW_TILES if rows is None or -(-rows // m) >= 2 * sms), ROW_TILES[-1])
     steps = -(-red // MMA)
     kt = next(d for d in STEP_FRAGMENTS if steps % d == 0)
     return Tile(bm, bn, kt * MMA, 4 if bm >= 64 else 2, wj)
@@ -144,16 +150,16 @@ def schedule(sch: s_tir.Schedule, main, tile: Tile, along: tuple[bool, bool, boo
     sch.transform_block_layout(main, gemm_map)
     sch.pad_einsum(main, [1, tile.bm, tile.bn, tile.bk])
 
+    # the 16x16x16 tiles innermost, blockized by tensorize last (see the module's docstring)
     batch, i, j, k = sch.get_loops(main)
     i, ii = sch.split(i, factors=[None, MMA])
     j, ji = sch.split(j, factors=[None, MMA])
     k, ki = sch.split(k, factors=[None, MMA])
-    sch.reorder(i, j, k, ii, ji, ki)
-    mma = sch.blockize(ii)
     i0, i1, i2 = sch.split(i, factors=[None, tile.wi, tile.bm // MMA // tile.wi])
     j0, j1, j2 = sch.split(j, factors=[None, tile.wj, tile.bn // MMA // tile.wj])
     k0, k1 = sch.split(k, factors=[None, tile.bk // MMA])
-    sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
+    sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2, ii, ji, ki)
+    mma = main
     sch.bind(sch.fuse(i0, j0), "blockIdx.x")
     sch.bind(batch, "blockIdx.y")
     warp = sch.fuse(i1, j1)
@@ -192,8 +198,8 @@ def schedule(sch: s_tir.Schedule, main, tile: Tile, along: tuple[bool, bool, boo
         intrin = _intrinsics()
         for frag, name in ((a_frag, "load_a"), (b_frag, "load_b"), (acc, "store")):
             _tensorize_tiles(sch, frag, intrin[name])
-        sch.tensorize(sch.get_loops(sch.get_child_blocks(init)[0])[-2], intrin["init"])
-        sch.tensorize(sch.get_loops(sch.get_child_blocks(mma)[0])[-3], intrin["compute"])
+        sch.tensorize(sch.get_loops(init)[-2], intrin["init"])
+        sch.tensorize(sch.get_loops(mma)[-3], intrin["compute"])
     # rows padded: the copy out reads a column a warp. Aligned on the block that writes them, as
     # tensorized (DLight aligns the block that reads them into the output, which pads nothing:
     # its rows stay 128 floats, 32-way bank conflicts)
@@ -211,21 +217,22 @@ def schedule(sch: s_tir.Schedule, main, tile: Tile, along: tuple[bool, bool, boo
 class FittedTensorCoreGEMM(GPUScheduleRule):
     """WMMA schedule of a many-row fp16 GEMM DLight leaves to SIMT; None ("not mine") otherwise."""
 
-    def __init__(self, min_cols: int = 32, max_cols: int = 128, min_rows: int = 256, tensorize: bool = True):
-        self.min_cols, self.max_cols, self.min_rows = min_cols, max_cols, min_rows
+    def __init__(self, min_cols: int = 32, min_rows: int = 256, tensorize: bool = True):
+        self.min_cols, self.min_rows = min_cols, min_rows
         self.tensorize = tensorize  # False: the tiles as loops, to run on llvm (:func:`schedule`)
 
     def extents(self, stmt) -> Optional[tuple]:
-        """``(I, J, K)`` of the reduction block ``stmt`` where limits 1-3 hold on it, else None."""
+        """``(I, J, K)`` of the reduction block ``stmt`` (I None: symbolic) where limits 1-3 hold
+        on it, else None."""
         found = narrow_extents(stmt)
         if found is None or str(stmt.reads[0].source.dtype) != "float16" \
                 or str(stmt.reads[1].source.dtype) != "float16":
             return None
         rows, cols = found
         red = static_extent(stmt, tirx.IterVar.CommReduce)
-        if None in (rows, cols, red) or not self.min_cols < cols <= self.max_cols or rows < self.min_rows:
+        if cols is None or red is None or cols <= self.min_cols or rows is not None and rows < self.min_rows:
             return None
-        if min(rows, cols, red) > DLIGHT_MIN_EXTENT:
+        if rows is not None and min(rows, cols, red) > DLIGHT_MIN_EXTENT:
             return None  # DLight's own tensor-core tile takes it
         return rows, cols, red
 
