@@ -29,7 +29,8 @@ def dense(C, cin, k=3, stride=1, H=20, **kw):
 
 def matmul(m, k, n, batch=None):
     def make():
-        x = relax.Var("x", relax.TensorType((m, k) if batch is None else (batch, m, k), "float16"))
+        rows = tvm.tirx.Var(m, "int64") if isinstance(m, str) else m
+        x = relax.Var("x", relax.TensorType((rows, k) if batch is None else (batch, rows, k), "float16"))
         w = relax.Var("w", relax.TensorType((k, n), "float16"))
         (func,) = fused_kernels(lambda bb, x, w: relax.op.matmul(x, w), [x, w])
         return func
@@ -50,6 +51,7 @@ TAKEN = {  # name -> (kernel, output channels J); 2 images unless said
     "1x1 48 -> 64, a symbolic batch": (dense(64, 48, k=1, N="n"), 64),
     "3x3 128 -> 128, a symbolic batch (DLight raises)": (dense(128, 128, H=12, N="n"), 128),
     "3x3 96 -> 256, a symbolic batch (DLight raises)": (dense(256, 96, H=8, N="n", relu=False), 256),
+    "batched 2 x n x 128 @ 128 x 256 (DLight raises)": (matmul("n", 128, 256, batch=2), 256),
 }
 
 
@@ -127,6 +129,7 @@ def test_copies_run_along_the_contiguous_axes():
     (lambda: conv_kernel(64, 3, 1, H=20), "a depthwise conv is no GEMM (WindowReduction's)"),
     (lambda: conv_kernel(64, 1, 1, groups=1, cin=48, H=20, dtype="float32"), "fp32: no fp32 WMMA"),
     (matmul(16, 4096, 64), "16 rows: a decode projection (TensorCoreGEMM's, LowBatchGEMM's)"),
+    (matmul("n", 256, 256), "symbolic rows of a plain GEMM, J and K > 64: DLight's tile builds"),
 ])
 def test_declines(make, why):
     assert _schedule(make()) is None, why

@@ -9,8 +9,9 @@ the window times the input channels) have 48..80 output channels or a reduction 
 among them its heaviest (64 channels over 3 x 3 x 64 inputs at 80 x 80; the census:
 ``python -m benchmarks.rule_census``, ``benchmarks/results/rule_census.md``). And where I is
 symbolic (a model with a dynamic batch) and J, K > 64, DLight's tensor-core schedule raises
-(``compute_at`` refuses the scope its padding leaves): stock TVM cannot build an fp16
-convolution of more than 64 channels with a symbolic batch for CUDA. Here both run on WMMA
+for a convolution or a batched GEMM (``compute_at`` refuses the scope its padding leaves):
+stock TVM cannot build an fp16 convolution of more than 64 channels with a symbolic batch for
+CUDA (a plain GEMM with symbolic rows, e.g. a prefill projection, it builds). Here both run on WMMA
 16x16x16 (fp16 in, float32 sums) with the block tile fitted to J and K:
 
 * ``BN`` = J rounded up to 16 up to 128 (more columns: shared evenly by the fewest blocks,
@@ -32,8 +33,9 @@ convolution of more than 64 channels with a symbolic batch for CUDA. Here both r
 Limits: 1. one reduction block that DLight's Matmul normalises, fp16 operands, a 16-bit or
 float32 output (16-bit sums are widened first, :func:`.accumulate.widen_accumulator`); 2. J and
 K static, J > ``min_cols`` (32; at <= 32 :class:`.NarrowGEMM`'s SIMT tile, which no timing has
-compared with this one yet), I symbolic or >= ``min_rows``; 3. static I, J, K all > 64 stay
-DLight's (its pipelined 128 x 128 tile); 4. no software pipelining (a step's loads are not
+compared with this one yet), I symbolic or >= ``min_rows``; 3. I, J, K all > 64 stay DLight's
+(its pipelined 128 x 128 tile) where DLight's schedule builds: always when I is static, tried
+first when it is symbolic; 4. no software pipelining (a step's loads are not
 overlapped with the previous step's MMAs; most of these reductions are 1..9 steps); 5. CUDA
 with compute capability >= 70, no ``dlight.do_not_tensorize``; 6. the tile is fitted, not
 tuned: no GPU timing has chosen it yet.
@@ -47,7 +49,8 @@ from typing import Optional
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import collect_block_iter_vars_used_in_access_region
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
-from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain, auto_inline_producers, get_index_map
+from tvm.s_tir.dlight.gpu.matmul import (MatmulTensorization, auto_inline_consumer_chain, auto_inline_producers,
+                                         get_index_map)
 
 from ..copy_schedule import block_lanes
 from . import batched_gemv, wmma
@@ -214,6 +217,15 @@ def schedule(sch: s_tir.Schedule, main, tile: Tile, along: tuple[bool, bool, boo
     return sch
 
 
+def _dlight_tensorizes(func, target) -> bool:
+    """Whether DLight's tensor-core Matmul schedule builds for ``func``: with symbolic rows it
+    does for a plain GEMM and raises for a convolution or a batched GEMM (the module's docstring)."""
+    try:
+        return MatmulTensorization().apply(func, target, False) is not None
+    except (RuntimeError, ValueError):
+        return False
+
+
 class FittedTensorCoreGEMM(GPUScheduleRule):
     """WMMA schedule of a many-row fp16 GEMM DLight leaves to SIMT; None ("not mine") otherwise."""
 
@@ -247,6 +259,9 @@ class FittedTensorCoreGEMM(GPUScheduleRule):
         extents = None if found is None else self.extents(found[0].get(found[1]))
         if extents is None or get_index_map(found[0].get(found[1])) is None:
             return None
+        rows, cols, red = extents
+        if rows is None and min(cols, red) > DLIGHT_MIN_EXTENT and _dlight_tensorizes(func, target):
+            return None  # limit 3: DLight's tile, where its schedule builds with the symbolic rows
         sch, block = found
         along = contiguous_axes(sch.get(block))
         tile = plan(*extents, batched_gemv.sm_count(target))
