@@ -125,6 +125,29 @@ def test_vtc_pipeline_matches_onnxruntime(name, batch):
     _compile_and_compare(name, batch, relax.get_pipeline("vtc", target=LLVM))
 
 
+# ---- CUDA: fp16 with a symbolic batch, as users export them ---------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("name", NAMES)
+def test_vtc_builds_fp16_with_a_symbolic_batch_for_cuda(name):
+    """Each model in fp16 with its batch a ``dim_param``, through the "vtc" pipeline for CUDA:
+    it builds (the source through nvcc where on PATH) and every kernel our schedule rules took
+    computes on llvm, threads serial, what it was given (tests/schedule_semantics.py; WMMA
+    kernels through their untensorized twins). Stock TVM 0.27's default CUDA pipeline raises on
+    YOLO11n so (DLight's tensor-core schedule of an fp16 convolution of > 64 channels with a
+    symbolic batch; ``vtc_tvm.schedules.fitted_tensor_core``)."""
+    from vtc_tvm.pipeline import cuda_target, vtc_pipeline
+    from tests.fuzz import cuda_build
+    from tests.schedule_semantics import Recorder, check_all
+
+    recorder = Recorder(cuda_target())
+    cuda_build(_import(WM.whole_model(name, "small", "N", 0, "float16")),
+               vtc_pipeline(cuda_target(), schedules=recorder.rules))
+    problems, skipped = check_all(recorder.taken)
+    assert recorder.taken and not problems and not skipped
+    if name == "yolo11n":
+        assert "FittedTensorCoreGEMM" in {t.rule for t in recorder.taken}
+
+
 # ---- the benchmark hook -----------------------------------------------------------------------
 def test_benchmark_suite_registers_whole_models():
     from benchmarks import run
