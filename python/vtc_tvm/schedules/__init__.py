@@ -10,8 +10,9 @@ pipeline; ``ApplySchedules(target)`` is ``dlight.ApplyDefaultSchedule`` over tha
   windows, one thread an output element (DLight spreads their 9 terms over a block)
 * :class:`NarrowGEMM` (:mod:`.narrow_gemm`): GEMMs and dense convolutions with <= 32 output
   channels, DLight's Matmul schedule with its tile fitted (DLight pads them to 64)
-* :class:`FittedTensorCoreGEMM` (:mod:`.fitted_tensor_core`): many-row fp16 GEMMs with 33..128
-  output channels that DLight leaves to SIMT (an extent <= 64), on WMMA with the tile fitted
+* :class:`FittedTensorCoreGEMM` (:mod:`.fitted_tensor_core`): many-row fp16 GEMMs of > 32
+  output channels that DLight leaves to SIMT (an extent <= 64) or fails on (a symbolic batch),
+  on WMMA with the tile fitted
 * :func:`widen_accumulator` (:mod:`.accumulate`): the float32-accumulation TIR rewrite both use
 * :mod:`.batched_gemv`: the shared matcher, schedule and tiling plan (target data: SM counts)
 

@@ -3,10 +3,10 @@
 DLight's Matmul rule (TVM 0.27, CUDA) takes tensor cores only when every static non-batch
 extent of the normalised GEMM ``C[S, I, J] += A[S, I, K] * B[S, J, K]`` is > 64: its WMMA tile
 is 128 x 128 x 64 and would pad a 64-channel convolution 2x. The rest run as SIMT tiles on CUDA
-cores. A convolutional network is full of such GEMMs: in whole YOLO11n at batch 16, 19 of the
+cores. A convolutional network is full of such GEMMs: in whole YOLO11n at batch 16, 20 of the
 48 GEMM kernels DLight's Matmul would schedule (I the output pixels, J the output channels, K
-the window times the input channels) have 48..80 output channels or a reduction of <= 64 terms,
-among them its heaviest (64 channels over 3 x 3 x 64 inputs at 80 x 80; the census:
+the window times the input channels) have 48..80 output channels or a reduction of <= 64 terms
+(one of them attention's ``q k^T``), among them its heaviest (64 channels over 3 x 3 x 64 inputs at 80 x 80; the census:
 ``python -m benchmarks.rule_census``, ``benchmarks/results/rule_census.md``). And where I is
 symbolic (a model with a dynamic batch) and J, K > 64, DLight's tensor-core schedule raises
 for a convolution or a batched GEMM (``compute_at`` refuses the scope its padding leaves):
