@@ -23,32 +23,16 @@ from pathlib import Path
 import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlock
-from tvm.s_tir.dlight import ScheduleRule
 
 from vtc_tvm import schedules as S
 from vtc_tvm.pipeline import cuda_target, vtc_pipeline
 from vtc_tvm.schedules import batched_gemv
 from vtc_tvm.schedules.narrow_gemm import narrow_extents
+from vtc_tvm.schedules.recording import Recording
 from vtc_tvm.schedules.window_reduction import static_extent
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = ("yolo11n", "efficientvit_b1", "shufflenet_v2_whole")
-
-
-class _Recording(ScheduleRule):
-    """``rule``, appending ``(rule name, GEMM facts or None, tensor cores)`` of what it takes."""
-
-    def __init__(self, rule, taken: list):
-        self.rule, self.taken = rule, taken
-
-    def apply(self, func, target, tunable):
-        sch = self.rule.apply(func, target, tunable)
-        if sch is not None:
-            self.taken.append((type(self.rule).__name__, gemm_facts(func), _on_tensor_cores(sch.mod["main"])))
-        return sch
-
-    def is_target_available(self, target) -> bool:
-        return self.rule.is_target_available(target)
 
 
 def gemm_facts(func) -> dict | None:
@@ -72,8 +56,9 @@ def census(model: str, size: str, batch: int, dtype: str = "float16") -> dict:
     from benchmarks.whole_models import WHOLE_WORKLOADS
 
     target = cuda_target()
-    taken: list = []
-    rules = [_Recording(r, taken) for r in S.default_rules(target)]
+    taken: list = []  # (rule name, GEMM facts or None, tensor cores) of each kernel a rule takes
+    rules = [Recording(r, lambda rule, func, sch: taken.append(
+        (type(rule).__name__, gemm_facts(func), _on_tensor_cores(sch.mod["main"])))) for r in S.default_rules(target)]
     wl = WHOLE_WORKLOADS[model]
     mod = wl.build(wl.config(size, batch, dtype))
     start = time.time()

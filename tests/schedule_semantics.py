@@ -23,11 +23,12 @@ import copy
 import dataclasses
 
 import numpy as np
+import tvm
 from tvm import tirx
-from tvm.s_tir.dlight import ScheduleRule
 
 from vtc_tvm import schedules as S
 from vtc_tvm.schedules import batched_gemv
+from vtc_tvm.schedules.recording import Recording
 from vtc_tvm.schedules.accumulate import needs_widening, reduction_update, widen_accumulator
 from tests.conftest import allocated_buffers, kernel_arrays, run_llvm_all, serial_threads
 
@@ -42,29 +43,19 @@ class Taken:
     twin: tirx.PrimFunc | None = None  # WMMA kernels: the rule's schedule with the tiles as loops
 
 
-class _Recording(ScheduleRule):
-    def __init__(self, rule, taken: list):
-        self.rule, self.taken = rule, taken
-
-    def apply(self, func, target, tunable):
-        sch = self.rule.apply(func, target, tunable)
-        if sch is not None:
-            scheduled = sch.mod["main"]
-            self.taken.append(Taken(type(self.rule).__name__, func, scheduled,
-                                    _untensorized(self.rule, func, target) if on_tensor_cores(scheduled) else None))
-        return sch
-
-    def is_target_available(self, target) -> bool:
-        return self.rule.is_target_available(target)
-
-
 class Recorder:
     """``rules``: :func:`vtc_tvm.schedules.default_rules` with ours recording into ``taken``
     (a pipeline's ``schedules=`` argument)."""
 
     def __init__(self, target):
         self.taken: list[Taken] = []
-        self.rules = [_Recording(r, self.taken) if isinstance(r, OURS) else r for r in S.default_rules(target)]
+        self.target = tvm.target.Target(target)
+        self.rules = [Recording(r, self._take) if isinstance(r, OURS) else r for r in S.default_rules(target)]
+
+    def _take(self, rule, func, sch) -> None:
+        scheduled = sch.mod["main"]
+        twin = _untensorized(rule, func, self.target) if on_tensor_cores(scheduled) else None
+        self.taken.append(Taken(type(rule).__name__, func, scheduled, twin))
 
 
 def on_tensor_cores(func: tirx.PrimFunc) -> bool:

@@ -115,6 +115,22 @@ def test_encoder_census_rows_of_one_encoder_layer():
         assert row["vtc_planned_bytes"] <= row["stock_planned_bytes"]
 
 
+def test_rule_census_names_the_rule_of_every_gemm(tmp_path):
+    """benchmarks.rule_census on the small fp16 YOLO11n at batch 2 (CUDA codegen): every kernel is
+    counted under the rule that took it, each GEMM has its extents, and FittedTensorCoreGEMM's
+    are on tensor cores, NarrowGEMM's not (<= 32 channels)."""
+    from benchmarks import rule_census
+
+    assert rule_census.main(["--models", "yolo11n", "--size", "small", "--batches", "2", "--out", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "rule_census.json").read_text())["rows"]
+    gemms = row["gemms"]
+    assert sum(row["kernels_by_rule"].values()) >= len(gemms) > 0
+    ours = [g for g in gemms if g["rule"] == "FittedTensorCoreGEMM"]
+    assert ours and all(g["tensor_cores"] and g["J"] > 32 for g in ours)
+    assert all(not g["tensor_cores"] and g["J"] <= 32 for g in gemms if g["rule"] == "NarrowGEMM")
+    assert "| I | J | K | rule | tensor cores |" in (tmp_path / "rule_census.md").read_text()
+
+
 def test_paper_summary_whole_models_have_their_own_bar(tmp_path):
     """Rows of the whole suite: vtc >= stock on all six (model x batch) rows; they stay out of the
     paper suite's geomean, smallest speed-up and bar."""

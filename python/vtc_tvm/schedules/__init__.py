@@ -14,6 +14,7 @@ pipeline; ``ApplySchedules(target)`` is ``dlight.ApplyDefaultSchedule`` over tha
   output channels that DLight leaves to SIMT (an extent <= 64) or fails on (a symbolic batch),
   on WMMA with the tile fitted
 * :func:`widen_accumulator` (:mod:`.accumulate`): the float32-accumulation TIR rewrite both use
+* :class:`.recording.Recording`: a rule wrapped to report the kernels it schedules (tests, census)
 * :mod:`.batched_gemv`: the shared matcher, schedule and tiling plan (target data: SM counts)
 
 Default of the ``"vtc"`` pipeline on GPU targets (``schedules="vtc"``); stock TVM gets them
