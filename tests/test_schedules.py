@@ -413,8 +413,38 @@ def test_default_rules_are_ours_then_tvms():
     ours = [S.WindowReduction, S.DecodeAttention, S.TensorCoreGEMM, S.LowBatchGEMM, S.NarrowGEMM,
             S.FittedTensorCoreGEMM]
     assert [type(r) for r in rules[:len(ours)]] == ours
-    assert [type(r) for r in rules[len(ours):]] == [type(r) for r in stock]
+    assert all(isinstance(r, S.Guarded) for r in rules[len(ours):])
+    assert [type(r.rule) for r in rules[len(ours):]] == [type(r) for r in stock]
     assert "ApplyDefaultSchedule" in S.ApplySchedules(TARGET).info.name
+
+
+def test_a_dlight_rule_that_raises_passes_the_kernel_on():
+    """tests/schedule_fuzz.py case 1313, a 1x1 depthwise convolution with stride 2 after a pad:
+    DLight's GEMV rule asserts on it (a one-term reduction), which ends stock TVM's build; with
+    the rule guarded the next rule schedules it, the "vtc" build finishes and the kernel computes
+    on llvm (threads serial) what it was given."""
+    from tests.schedule_fuzz import Case, run_case
+
+    case = Case(1313)
+    assert (case.kind, case.k, case.groups, case.stride) == ("depthwise", 1, case.cin, 2)
+    gemv = next(r for r in S.stock_rules(TARGET) if type(r).__name__ == "GEMV")
+    from tests.conftest import FUSE
+
+    kernels = [f for _, f in FUSE(case.build()).functions_items() if isinstance(f, tirx.PrimFunc)]
+    raised = [f for f in kernels if _raises(gemv, f)]
+    assert raised  # DLight's GEMV raises on the convolution
+    assert all(S.Guarded(gemv).apply(f, TARGET, False) is None for f in raised)
+    _, problems, _ = run_case(case)
+    assert not problems
+
+
+def _raises(rule, func) -> bool:
+    try:
+        with TARGET:
+            rule.apply(func, TARGET, False)
+        return False
+    except Exception:  # noqa: BLE001 - whatever it raises
+        return True
 
 
 def test_pipelines_registered_and_checked():

@@ -1,7 +1,8 @@
 """Schedule rules for small-batch (decode) kernels, DLight style, and their wiring.
 
 ``default_rules(target)`` is our rules followed by exactly the rule list of TVM's own CUDA
-pipeline; ``ApplySchedules(target)`` is ``dlight.ApplyDefaultSchedule`` over that list.
+pipeline, each of those :class:`.guard.Guarded` (one that raises on a kernel passes it on);
+``ApplySchedules(target)`` is ``dlight.ApplyDefaultSchedule`` over that list.
 
 * :class:`TensorCoreGEMM` (:mod:`.tensor_core_gemm`): 16..64-row fp16 projections on WMMA tensor cores
 * :class:`LowBatchGEMM` (:mod:`.low_batch_gemm`): 1 <= M <= 64 projections as batched GEMVs (the rest)
@@ -29,6 +30,7 @@ import tvm
 from .accumulate import widen_accumulator
 from .decode_attention import DecodeAttention
 from .fitted_tensor_core import FittedTensorCoreGEMM
+from .guard import Guarded
 from .low_batch_gemm import LowBatchGEMM
 from .narrow_gemm import NarrowGEMM
 from .tensor_core_gemm import TensorCoreGEMM
@@ -54,8 +56,9 @@ def our_rules(target) -> list:
 
 
 def default_rules(target) -> list:
-    """Our rules first, then exactly TVM's own rule list for ``target``."""
-    return our_rules(target) + stock_rules(target)
+    """Our rules first, then exactly TVM's own rule list for ``target``, each :class:`.Guarded`
+    (a rule that raises on a kernel passes it on to the next rule instead of ending the build)."""
+    return our_rules(target) + [Guarded(r) for r in stock_rules(target)]
 
 
 def ApplySchedules(target) -> tvm.transform.Pass:  # noqa: N802 - a pass, named like TVM's
@@ -65,5 +68,5 @@ def ApplySchedules(target) -> tvm.transform.Pass:  # noqa: N802 - a pass, named 
     return dl.ApplyDefaultSchedule(*default_rules(target))
 
 
-__all__ = ["ApplySchedules", "DecodeAttention", "FittedTensorCoreGEMM", "LowBatchGEMM", "default_rules", "NarrowGEMM", "our_rules",
+__all__ = ["ApplySchedules", "DecodeAttention", "FittedTensorCoreGEMM", "Guarded", "LowBatchGEMM", "default_rules", "NarrowGEMM", "our_rules",
            "stock_rules", "TensorCoreGEMM", "WindowReduction", "widen_accumulator"]

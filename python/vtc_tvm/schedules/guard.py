@@ -1,0 +1,41 @@
+"""A DLight rule that raises on a kernel is "not mine" there: the next rule schedules it.
+
+DLight's rules answer None for a kernel they do not take, but some raise on kernels just outside
+what they were written for, and in TVM's pipeline the exception ends the build. TVM 0.27:
+``GEMV`` asserts (``assert r_loops``) on a 1x1 depthwise convolution with a stride (a one-term
+reduction; ``tests/schedule_fuzz.py`` case 1313, which stock TVM cannot build);
+``MatmulTensorization`` raises on an fp16 convolution with a symbolic batch (now
+:class:`.FittedTensorCoreGEMM`'s first). ``Guarded(rule)`` answers None instead, so the rule list
+goes on to the next rule (at worst ``Fallback``, which schedules any kernel); the error is
+logged at debug level with the rule's name. Each rule builds its own schedule from the kernel, so
+one that raised leaves nothing behind. Our own rules catch what they raise themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from tvm.s_tir.dlight import ScheduleRule
+
+logger = logging.getLogger("vtc_tvm")
+
+
+class Guarded(ScheduleRule):
+    """``rule``, with an exception it raises on a kernel taken as None ("not mine")."""
+
+    def __init__(self, rule: ScheduleRule):
+        self.rule = rule
+
+    def apply(self, func, target, tunable):
+        try:
+            return self.rule.apply(func, target, tunable)
+        except Exception as err:  # noqa: BLE001 - whatever DLight raises, the next rule decides
+            logger.debug("%s raised on a kernel, the next rule schedules it: %s: %s", type(self.rule).__name__,
+                         type(err).__name__, str(err).strip().splitlines()[-1:] or "")
+            return None
+
+    def is_target_available(self, target) -> bool:
+        return self.rule.is_target_available(target)
+
+
+__all__ = ["Guarded"]
