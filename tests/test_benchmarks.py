@@ -131,6 +131,21 @@ def test_rule_census_names_the_rule_of_every_gemm(tmp_path):
     assert "| I | J | K | rule | tensor cores |" in (tmp_path / "rule_census.md").read_text()
 
 
+def test_rule_ab_builds_the_variants_that_matter(tmp_path):
+    """benchmarks.rule_ab --dry (no GPU) on the small C3k2 block: default's build says which of our
+    rules apply; the variant without NarrowGEMM (the one that takes its convolutions) and the
+    tensor-core alternative build, the variants of rules that take nothing are skipped."""
+    from benchmarks import rule_ab
+
+    assert rule_ab.main(["--dry", "--size", "small", "--workloads", "yolo_c3k2", "--batch", "16",
+                         "--variants", "default", "no_narrow", "no_decode_attention", "tc_narrow",
+                         "--out", str(tmp_path)]) == 0
+    (row,) = json.loads((tmp_path / "rule_ab.json").read_text())["rows"]
+    got = row["variants"]
+    assert {"compile_s"} == set(got["default"]) == set(got["no_narrow"]) == set(got["tc_narrow"])
+    assert "skipped" in got["no_decode_attention"]
+
+
 def test_paper_summary_whole_models_have_their_own_bar(tmp_path):
     """Rows of the whole suite: vtc >= stock on all six (model x batch) rows; they stay out of the
     paper suite's geomean, smallest speed-up and bar."""
