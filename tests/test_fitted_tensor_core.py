@@ -161,3 +161,35 @@ def test_an_fp16_convolution_with_a_symbolic_batch_builds():
         bb.emit_func_output(out)
     for pipeline in (vtc_pipeline(TARGET), stock_vtc_schedules_pipeline(TARGET)):
         cuda_build(bb.get(), pipeline)
+
+
+def test_a_concat_read_by_a_convolution_stock_cannot_build_stays_virtual():
+    """The concat before a 3x3 fp16 convolution of 128 channels with a symbolic batch (YOLO11n's
+    C3k2, exported with a dynamic batch): DLight raises on the convolution, so there is no DLight
+    rule to rank the rewrite against; ranked by the vtc pipeline's own rules
+    (``rewrite._best_by_default_rules``: FittedTensorCoreGEMM takes both forms) the concat stays
+    virtual, the module builds for CUDA, and the kernel reading through the concat computes on
+    llvm (its untensorized twin, threads serial) what it was given."""
+    import vtc_tvm
+    from vtc_tvm.pipeline import vtc_pipeline
+    from tests.fuzz import cuda_build
+    from tests.schedule_semantics import Recorder, check_all
+
+    n = tvm.tirx.Var("n", "int64")
+    a, b = (relax.Var(v, relax.TensorType((n, 64, 12, 12), "float16")) for v in "ab")
+    w = relax.Var("w", relax.TensorType((128, 128, 3, 3), "float16"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [a, b, w]):
+        with bb.dataflow():
+            c = bb.emit(relax.op.concat([a, b], axis=1))
+            out = bb.emit_output(relax.op.nn.relu(relax.op.nn.conv2d(c, w, padding=1)))
+        bb.emit_func_output(out)
+    report = []
+    vtc_tvm.VirtualTensorize(target=TARGET, report=report)(bb.get())
+    assert [(e["consumer"], e["virtual"]) for e in report] == [("conv2d", True)], report
+    recorder = Recorder(TARGET)
+    cuda_build(bb.get(), vtc_pipeline(TARGET, schedules=recorder.rules))
+    taken = [t for t in recorder.taken if t.rule == "FittedTensorCoreGEMM"]
+    assert len(taken) == 1 and len(taken[0].kernel.params) == 4  # a, b, w and the output: no concat copy
+    problems, skipped = check_all(taken)
+    assert not problems and not skipped, (problems, skipped)

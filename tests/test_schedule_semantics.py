@@ -82,15 +82,23 @@ def test_tensor_core_rows_read_through_an_odd_slice_compile():
     assert rules == ["TensorCoreGEMM"] and not problems and not skipped
 
 
-def test_a_consumer_dlight_raises_on_stays_as_stock_has_it():
+def test_a_consumer_dlight_raises_on_is_ranked_by_our_rules():
     """tests/schedule_fuzz.py case 2052: a 1x1 depthwise convolution (a one-term reduction) read
-    through a concat. DLight's GEMV rule asserts on such a kernel (``assert r_loops``), and the
-    planner's comparison of the rewrite with the original let the assertion end the build, where
-    stock TVM builds the graph. The consumer now stays as stock has it (the edge refused)."""
-    from tests.schedule_fuzz import Case, run_case, stock_builds
+    through a concat. DLight's GEMV rule asserts on the consumer as the planner sees it
+    (``assert r_loops``), and the planner's comparison of the rewrite with the original let the
+    assertion end the build, where stock TVM builds the graph (029afbe kept the concat physical).
+    The rewrite is now ranked by the "vtc" pipeline's rules (``rewrite._best_by_default_rules``):
+    the concat is virtual, the build finishes, and the module still builds
+    with DLight's rules alone (``schedules="dlight"``), as stock's does."""
+    import vtc_tvm
+    from tests.schedule_fuzz import TARGET, Case, run_case, stock_builds
 
     case = Case(2052)
     assert (case.kind, case.k, case.groups, case.producer) == ("depthwise", 1, case.cin, "concat")
     assert stock_builds(case)
-    rules, problems, _ = run_case(case)
+    report = []
+    vtc_tvm.VirtualTensorize(target=TARGET, report=report)(case.build())
+    assert [(e["consumer"], e["virtual"]) for e in report] == [("conv2d", True)], report
+    _, problems, _ = run_case(case)  # (DLight's rules, guarded, schedule its kernels)
     assert not problems
+    tvm.compile(case.build(), target=TARGET, relax_pipeline=vtc_pipeline(TARGET, schedules="dlight"))

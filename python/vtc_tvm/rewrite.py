@@ -330,7 +330,8 @@ def _dlight_rules():
 
     # The rules of the stock CUDA pipeline, most specialised first, read from TVM's own pipeline.
     # Not vtc_tvm.schedules.default_rules: with schedules="dlight" a kernel only our rules take
-    # would reach DLight unscheduled; and the ranking below is in DLight's terms. Read once: the
+    # would reach DLight unscheduled; and the ranking below is in DLight's terms (except where
+    # DLight raises on the original: _best_by_default_rules). Read once: the
     # verdicts call this dozens of times a compile, and each read built the backend's passes.
     if not _RULES:
         _RULES.extend(stock_rules(cuda_target()))
@@ -488,6 +489,7 @@ def clear_schedule_cache():
     """Forget DLight's verdicts (a cold compile)."""
     _OUTCOMES.clear()
     _NONE_BELOW.clear()
+    _DEFAULT_RULE.clear()
 
 
 def _remember(key, outcome):
@@ -622,8 +624,8 @@ def best_schedulable(original: tirx.PrimFunc, candidates, target) -> tirx.PrimFu
             else:
                 before = _dlight_rule_below(original, target, min(rule for rule, _ in scheduled))
         except Exception as err:  # noqa: BLE001 - e.g. DLight's GEMV asserting on a one-term reduction
-            # no rule to compare the rewrite with: keep the consumer as stock has it
-            raise NotRewritable(f"DLight raises on the original consumer: {last_line(err)}") from None
+            # stock TVM cannot build the consumer: rank in the terms of the rules that can
+            return _best_by_default_rules(original, candidates, target, last_line(err))
         ranked, failures = [], []
         for k, outcome in enumerate(outcomes):
             if outcome is None:
@@ -643,6 +645,60 @@ def best_schedulable(original: tirx.PrimFunc, candidates, target) -> tirx.PrimFu
         raise NotRewritable(f"DLight would schedule the rewritten consumer with "
                             f"{names[min(ranked)[0]]} instead of {names[before]}")
     raise NotRewritable(f"DLight cannot schedule the rewritten consumer: {failures[0]}")
+
+
+_DEFAULT_RULE = OrderedDict()  # (structural hash, target) -> index into default_rules, or None
+
+
+@functools.lru_cache(maxsize=8)
+def _default_rules(target_str: str) -> tuple:
+    from .schedules import default_rules
+
+    return tuple(default_rules(tvm.target.Target(target_str)))  # read once: it builds the backend's passes
+
+
+def _default_rule(func: tirx.PrimFunc, target, limit: int):
+    """Index of the first of :func:`vtc_tvm.schedules.default_rules` below ``limit`` that
+    schedules ``func`` (DLight's rules guarded: one that raises passes), else None."""
+    rules = _default_rules(str(target))
+    key = (tvm_ffi.structural_hash(func), str(target))
+    if key not in _DEFAULT_RULE:
+        found = None
+        for i, rule in enumerate(rules[:limit]):
+            try:
+                if rule.apply(func, target, False) is not None:
+                    found = i
+                    break
+            except Exception:  # noqa: BLE001 - a rule of ours failing on a form: not this rule
+                continue
+        if found is not None or limit >= len(rules):
+            _DEFAULT_RULE[key] = found
+            while len(_DEFAULT_RULE) > _OUTCOMES_LIMIT:
+                _DEFAULT_RULE.popitem(last=False)
+        return found
+    found = _DEFAULT_RULE[key]
+    return found if found is not None and found < limit else None
+
+
+def _best_by_default_rules(original: tirx.PrimFunc, candidates, target, why: str) -> tirx.PrimFunc:
+    """Where DLight raises on the original consumer, the first candidate that the vtc pipeline's
+    rules (:func:`vtc_tvm.schedules.default_rules`) schedule with a rule at least as specialised
+    as the original's: there is no DLight rule to rank against. DLight's tensor-core Matmul raises
+    on an fp16 convolution with a symbolic batch, which stock TVM cannot build at all (with
+    DLight's rules alone the rewrite fails as the original does; with ours the concat before a
+    C3k2 convolution of a dynamic-batch fp16 YOLO11n stays virtual). Its GEMV rule asserts on a
+    1x1 depthwise convolution as the planner sees it, before FuseOps adds the epilogue with which
+    stock builds it (``tests/schedule_fuzz.py`` case 2052: the rewrite builds with DLight's rules
+    alone too, tested)."""
+    rules = _default_rules(str(target))
+    before = _default_rule(original, target, len(rules))
+    if before is None:
+        raise NotRewritable(f"DLight raises on the original consumer: {why}")
+    for func in candidates:
+        if _default_rule(func, target, before + 1) is not None:
+            return func
+    raise NotRewritable(f"DLight raises on the original consumer ({why}) and our rules would not schedule "
+                        f"the rewritten one as they schedule it ({type(rules[before]).__name__})")
 
 
 # -- loop normalisation -------------------------------------------------------------------------
