@@ -210,9 +210,20 @@ def conv_kernel(C=116, k=3, stride=2, groups=None, cin=None, bias=True, relu=Tru
 
 def kernel_arrays(func, rng, dims=None, size=None):
     """Uniform(-1, 1) arrays for every parameter of ``func``, zeros for integer ones (indices in
-    bounds for any gather); ``dims`` binds symbolic extents by name, ``size`` any other."""
+    bounds for any gather); ``dims`` binds symbolic sizes by name, ``size`` any other, and an
+    extent that is an expression of them (a strided convolution's ``(n - 1) // 2 + 1``) is
+    evaluated (``tests/regressions/case_7b970e547d.py``: bound to ``size`` itself, the output
+    array had the wrong shape)."""
+    def extent(d):
+        if isinstance(d, tirx.IntImm):
+            return int(d)
+        analyzer = tvm.sym.Analyzer()
+        for v in tirx.analysis.undefined_vars(d):
+            analyzer.bind(v, tirx.IntImm(str(v.ty), (dims or {}).get(v.name, size)))
+        return int(analyzer.simplify(d))
+
     def shape(p):
-        return [int(d) if isinstance(d, tirx.IntImm) else (dims or {}).get(str(d), size) for d in p.shape]
+        return [extent(d) for d in p.shape]
 
     return [np.zeros(shape(p), str(p.dtype)) if str(p.dtype).startswith(("int", "uint", "bool"))
             else rng.uniform(-1, 1, shape(p)).astype(str(p.dtype)) for p in func.params]
