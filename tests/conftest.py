@@ -261,6 +261,23 @@ def cuda_source_of(funcs, target) -> str:
         return tvm.tirx.build(mod, target=target).imports[0].inspect_source()
 
 
+def shared_memory_bytes(func, target) -> tuple[int, int]:
+    """A scheduled PrimFunc's static and dynamic shared bytes a block, as TVM's lowering leaves
+    them (flattened, after storage rewrite and the merge of the dynamic buffers)."""
+    mod = tvm.tirx.transform.BindTarget(target)(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}))
+    with target:
+        lowered = tvm.tirx.get_default_tir_pipeline(target)[0](mod)
+    (size,) = tvm.s_tir.analysis.calculate_allocated_bytes(lowered).values()
+    return int(size.get("shared", 0)), int(size.get("shared.dyn", 0))
+
+
+def launchable(static: int, dynamic: int, opt_in_max: int = 227 * 1024) -> bool:
+    """Whether a block with these shared bytes launches under TVM 0.27's CUDA launcher, which opts
+    in above 48 KiB only where the dynamic part alone reaches 48 KiB (``opt_in_max``: Hopper's)."""
+    limit = 48 * 1024
+    return static <= limit and (static + dynamic <= limit or dynamic >= limit and static + dynamic <= opt_in_max)
+
+
 def assert_nvcc_compiles(src: str, target) -> None:
     """``src`` compiles to PTX for sm_90 with nvcc (the test is skipped, saying so, without nvcc)."""
     import shutil

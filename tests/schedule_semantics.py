@@ -4,7 +4,8 @@ No GPU runs here, so the numerics of a CUDA kernel are otherwise checked only on
 schedule is a loop transformation: with its thread loops made serial (``conftest.serial_threads``)
 it runs on llvm. :class:`Recorder` wraps the rules of :func:`vtc_tvm.schedules.default_rules`
 (ours; DLight's are left as they are) so that a CUDA build keeps every kernel one of ours
-scheduled, as the rule saw it and as it scheduled it; :func:`check` runs both on llvm over the
+scheduled, as the rule saw it and as it scheduled it; :func:`check` checks that its blocks'
+shared memory launches (no GPU needed: static and dynamic bytes as lowered) and runs both on llvm over the
 same random arrays and compares every buffer afterwards (outputs pre-filled alike, so a kernel
 that writes part of a buffer is compared on the rest too). The reference sums in float32 where
 the kernel's 16-bit sums were widened (:func:`vtc_tvm.schedules.widen_accumulator`, as our rules
@@ -30,7 +31,8 @@ from vtc_tvm import schedules as S
 from vtc_tvm.schedules import batched_gemv
 from vtc_tvm.schedules.recording import Recording
 from vtc_tvm.schedules.accumulate import needs_widening, reduction_update, widen_accumulator
-from tests.conftest import allocated_buffers, kernel_arrays, run_llvm_all, serial_threads
+from tests.conftest import (allocated_buffers, kernel_arrays, launchable, run_llvm_all, serial_threads,
+                            shared_memory_bytes)
 
 OURS = tuple(type(r) for r in S.our_rules("cuda"))
 
@@ -41,6 +43,7 @@ class Taken:
     kernel: tirx.PrimFunc  # as the rule saw it
     scheduled: tirx.PrimFunc
     twin: tirx.PrimFunc | None = None  # WMMA kernels: the rule's schedule with the tiles as loops
+    target: tvm.target.Target | None = None  # CUDA: the block's shared memory must launch there
 
 
 class Recorder:
@@ -55,7 +58,7 @@ class Recorder:
     def _take(self, rule, func, sch) -> None:
         scheduled = sch.mod["main"]
         twin = _untensorized(rule, func, self.target) if on_tensor_cores(scheduled) else None
-        self.taken.append(Taken(type(rule).__name__, func, scheduled, twin))
+        self.taken.append(Taken(type(rule).__name__, func, scheduled, twin, self.target))
 
 
 def on_tensor_cores(func: tirx.PrimFunc) -> bool:
@@ -94,7 +97,12 @@ def reference(kernel: tirx.PrimFunc) -> tirx.PrimFunc:
 
 def check(taken: Taken, seed: int = 0, size: int = 3) -> str | None:
     """None when ``taken.scheduled`` (threads serial) computes what ``taken.kernel`` does, within
-    two 16-bit roundings of each buffer's scale; else what differs. Symbolic extents are ``size``."""
+    two 16-bit roundings of each buffer's scale, and (with a target) its blocks' shared memory
+    launches (:func:`tests.conftest.launchable`); else what differs. Symbolic extents are ``size``."""
+    if taken.target is not None and taken.target.kind.name == "cuda":
+        static, dynamic = shared_memory_bytes(taken.scheduled, taken.target)
+        if not launchable(static, dynamic):
+            return f"{taken.rule}: {static} static + {dynamic} dynamic shared bytes a block do not launch"
     arrays = kernel_arrays(taken.kernel, np.random.default_rng(seed), size=size)
     want = run_llvm_all(reference(taken.kernel), [a.copy() for a in arrays])
     got = run_llvm_all(serial_threads(taken.twin or taken.scheduled), [a.copy() for a in arrays])

@@ -13,9 +13,9 @@ from tvm.s_tir.analysis import verify_well_formed
 import vtc_tvm.schedules as S
 from vtc_tvm.pipeline import cuda_target
 from vtc_tvm.schedules import batched_gemv
-from vtc_tvm.schedules.fitted_tensor_core import ACC_PAD, Tile, contiguous_axes, plan
+from vtc_tvm.schedules.fitted_tensor_core import ACC_PAD, Tile, contiguous_axes, plan, shared_bytes
 from tests.conftest import (allocated_buffers, assert_nvcc_compiles, assert_same_on_llvm, conv_kernel, cuda_source_of,
-                            fused_kernels)
+                            fused_kernels, launchable, shared_memory_bytes)
 from tests.schedule_semantics import reference
 
 TARGET = cuda_target()
@@ -88,19 +88,43 @@ def test_cuda_source_compiles_with_nvcc():
 
 @pytest.mark.parametrize("name", list(TAKEN))
 def test_tile_fits_the_columns(name):
-    """The results are staged ``BN + ACC_PAD`` floats a row, BN the columns rounded up to 16, or
-    shared evenly by the fewest blocks of at most 128 (DLight's tensor-core tile is 128 wide, its
-    rows unpadded)."""
+    """The results are staged ``BN + ACC_PAD`` floats a row (more where :func:`result_pad` says),
+    BN the columns rounded up to 16, or shared evenly by the fewest blocks of at most 128
+    (DLight's tensor-core tile is 128 wide, its rows unpadded)."""
     make, cols = TAKEN[name]
-    src = cuda_source_of([_schedule(make())], TARGET)
+    func = make()
+    src = cuda_source_of([_schedule(func)], TARGET)
     blocks = -(-cols // 128)
     bn = -(-(-(-cols // blocks)) // 16) * 16
-    assert re.search(rf"store_matrix_sync\([^;]*, {bn + ACC_PAD}, nvcuda::wmma::mem_row_major\)", src)
+    sch, block = batched_gemv.single_reduction(func)
+    rows, _, red = RULE.extents(sch.get(block))
+    tile = plan(rows, cols, red, batched_gemv.sm_count(TARGET))
+    assert tile.bn == bn and tile.acc_pad in (ACC_PAD, ACC_PAD + 32)
+    assert re.search(rf"store_matrix_sync\([^;]*, {bn + tile.acc_pad}, nvcuda::wmma::mem_row_major\)", src)
+
+
+@pytest.mark.parametrize("name", list(TAKEN))
+def test_a_block_shared_memory_launches(name):
+    """The kernel's shared buffers by scope: static (operands) and dynamic (results) sum to at most
+    48 KiB, or the dynamic part alone reaches it. C3k2's cv2 at batch 16 (21 + 34 KiB) failed to
+    launch on an H100 before its results were padded (benchmarks/results, session 22)."""
+    size = shared_memory_bytes(_schedule(TAKEN[name][0]()), TARGET)
+    assert launchable(*size), size
+
+
+def test_every_planned_tile_launches():
+    """:func:`plan` over rows (symbolic, few, many), 33..512 columns and 1..1152 reduction terms."""
+    for rows in (None, 300, 5000, 409600):
+        for cols in range(33, 513, 7):
+            for red in (1, 16, 40, 48, 64, 100, 576, 1152):
+                tile = plan(rows, cols, red, 132)
+                assert launchable(*shared_bytes(tile.bm, tile.bn, tile.bk, tile.acc_pad)), (rows, cols, red, tile)
 
 
 @pytest.mark.parametrize("args,tile", [
-    ((409600, 64, 48, 132), Tile(128, 64, 48, 4, 2)),  # C3k2's cv2 at batch 16: one 48-term step
-    ((102400, 64, 576, 132), Tile(128, 64, 64, 4, 2)),
+    # C3k2's cv2 at batch 16: one 48-term step; results padded to 100 floats a row (shared_bytes)
+    ((409600, 64, 48, 132), Tile(128, 64, 48, 4, 2, 36)),
+    ((102400, 64, 576, 132), Tile(128, 64, 64, 4, 2, 36)),
     ((25600, 64, 576, 132), Tile(64, 64, 64, 4, 2)),  # 400 blocks of 128 would not fill 132 SMs twice
     ((6400, 80, 64, 132), Tile(32, 80, 64, 2, 1)),  # 5 fragments along J: one warp column
     ((800, 56, 200, 132), Tile(32, 64, 16, 2, 2)),  # 13 steps of 16: no larger step divides
@@ -193,3 +217,15 @@ def test_a_concat_read_by_a_convolution_stock_cannot_build_stays_virtual():
     assert len(taken) == 1 and len(taken[0].kernel.params) == 4  # a, b, w and the output: no concat copy
     problems, skipped = check_all(taken)
     assert not problems and not skipped, (problems, skipped)
+
+
+def test_the_schedule_check_reports_a_block_that_cannot_launch(monkeypatch):
+    """The fuzzers' schedule check (:func:`tests.schedule_semantics.check`) reports the block the
+    results' padding avoids: 21 KiB static + 34 KiB dynamic with a symbolic batch."""
+    from tests.schedule_semantics import Taken, check
+    from vtc_tvm.schedules import fitted_tensor_core
+
+    monkeypatch.setattr(fitted_tensor_core, "result_pad", lambda bm, bn, bk: ACC_PAD)
+    kernel = TAKEN["1x1 48 -> 64, a symbolic batch"][0]()
+    problem = check(Taken("FittedTensorCoreGEMM", kernel, _schedule(kernel), _schedule(kernel, TWIN), TARGET))
+    assert problem is not None and "do not launch" in problem, problem

@@ -26,7 +26,9 @@ CUDA (a plain GEMM with symbolic rows, e.g. a prefill projection, it builds). He
   reads 32 neighbouring pixels a warp where DLight's copy reads along the window and channels
   (strided); the widest vector the mapping provably reads aligned
   (:func:`.copy_schedule.block_lanes`) where the contiguous axis is the reduction;
-* the float32 fragments stored to shared memory (rows padded), the epilogue (cast, bias,
+* the float32 fragments stored to shared memory (rows padded; further where the block's shared
+  memory would exceed 48 KiB with less than that dynamic, which TVM's launcher does not opt
+  in, :func:`result_pad`), the epilogue (cast, bias,
   activation, the output's layout or mapping) inlined into the copy to global, threads along
   the output's contiguous axis.
 
@@ -74,6 +76,11 @@ WARP = 32
 # tile did so; DLight's 128 x 128 results never fit its operands' buffers).
 OPERAND_SCOPE = "shared"
 RESULT_SCOPE = "shared.dyn"
+# A block may use more than 48 KiB of shared memory only through the opt-in attribute, which TVM
+# 0.27's CUDA launcher sets (to the dynamic size) only where the dynamic part alone reaches 48
+# KiB: static + dynamic above 48 KiB with dynamic below fails at launch, CUDA_ERROR_INVALID_VALUE
+# (C3k2's cv2 at batch 16, 21 + 34 KiB, on an H100). There the result rows are padded further.
+OPT_IN_BYTES = 48 * 1024
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,7 @@ class Tile:
     bk: int
     wi: int
     wj: int
+    acc_pad: int = ACC_PAD  # float32 elements padding each staged result row (:func:`result_pad`)
 
     @property
     def warps(self) -> int:
@@ -99,7 +107,23 @@ def plan(rows: Optional[int], cols: int, red: int, sms: int) -> Tile:
     bm = next((m for m in ROW_TILES if rows is None or -(-rows // m) >= 2 * sms), ROW_TILES[-1])
     steps = -(-red // MMA)
     kt = next(d for d in STEP_FRAGMENTS if steps % d == 0)
-    return Tile(bm, bn, kt * MMA, 4 if bm >= 64 else 2, wj)
+    return Tile(bm, bn, kt * MMA, 4 if bm >= 64 else 2, wj, result_pad(bm, bn, kt * MMA))
+
+
+def shared_bytes(bm: int, bn: int, bk: int, acc_pad: int = ACC_PAD) -> tuple[int, int]:
+    """A block's static (the operands' fp16 steps) and dynamic (the float32 results) shared bytes."""
+    return (bm + bn) * (bk + SHARED_PAD) * 2, bm * (bn + acc_pad) * 4
+
+
+def result_pad(bm: int, bn: int, bk: int) -> int:
+    """``ACC_PAD``, or where the block would need more than ``OPT_IN_BYTES`` with a smaller dynamic
+    part (the launch fails), that plus whole rows of 32 floats (the banks stay as they were) until
+    the dynamic part reaches ``OPT_IN_BYTES`` and the launcher opts in."""
+    static, dynamic = shared_bytes(bm, bn, bk)
+    if static + dynamic <= OPT_IN_BYTES or dynamic >= OPT_IN_BYTES:
+        return ACC_PAD
+    short = -(-OPT_IN_BYTES // (4 * bm)) - (bn + ACC_PAD)  # floats a row lacks
+    return ACC_PAD + -(-short // WARP) * WARP
 
 
 def _intrinsics() -> dict:
@@ -207,7 +231,8 @@ def schedule(sch: s_tir.Schedule, main, tile: Tile, along: tuple[bool, bool, boo
     # tensorized (DLight aligns the block that reads them into the output, which pads nothing:
     # its rows stay 128 floats, 32-way bank conflicts)
     writer = sch.get_sblock(acc_name + "_o") if tensorize else acc  # tensorize made a new block
-    sch.storage_align(writer, 0, axis=-2, factor=MMA, offset=ACC_PAD)
+    # storage_align makes a row's stride the next one = offset (mod factor): BN + acc_pad
+    sch.storage_align(writer, 0, axis=-2, factor=tile.bn + tile.acc_pad - ACC_PAD, offset=ACC_PAD)
     auto_inline_consumer_chain(sch, out)
     rows, cols = sch.get_loops(out)[-2:]
     if along[2]:
