@@ -12,7 +12,7 @@ TARGET = cuda_target()
 
 # (workload, batch) at real size -> the rules of ours that must take at least one kernel there
 CASES = {
-    ("yolo_c3k2", 1): {"NarrowGEMM", "FittedTensorCoreGEMM"},
+    ("yolo_c3k2", 1): {"FittedTensorCoreGEMM"},  # its narrow convolutions starve NarrowGEMM's grid
     ("effvit_attn", 1): {"WindowReduction"},
     ("shufflenet_unit", 1): {"WindowReduction"},
     ("shufflenet_v2", 1): {"WindowReduction", "NarrowGEMM"},

@@ -438,6 +438,48 @@ def test_a_dlight_rule_that_raises_passes_the_kernel_on():
     assert not problems
 
 
+def test_a_dlight_schedule_tvm_cannot_compile_passes_the_kernel_on():
+    """A matmul over a slice clamped on a symbolic axis (extent ``min(1, n)``, graph fuzz 927,
+    tests/regressions/case_b3855f0659.py, read through the slice's mapping): DLight's Matmul
+    schedules it, and TVM's lowering leaves a shared buffer of symbolic size that CUDA code
+    generation rejects. :mod:`vtc_tvm.scratch` says so before any build; guarded, the next rule
+    schedules it and the kernel builds. A kernel without such an extent is not lowered to check."""
+    from tvm.s_tir import dlight as dl
+
+    from vtc_tvm.scratch import check_static_scratch, has_clamped_extent
+
+    from tests.regressions.case_b3855f0659 import build
+
+    import vtc_tvm
+
+    rewritten = vtc_tvm.VirtualTensorize(target=TARGET)(build())  # the consumer read through the slice
+    (kernel,) = [f for gv, f in rewritten.functions_items() if isinstance(f, tirx.PrimFunc)]
+    assert has_clamped_extent(kernel)
+    with TARGET:
+        sch = dl.gpu.Matmul().apply(kernel, TARGET, False)
+    with pytest.raises(ValueError, match="shared buffer of symbolic size"):
+        check_static_scratch(sch, kernel, TARGET)
+    with pytest.raises(Exception, match="constant size stack allocation"):
+        tvm.tirx.build(tvm.IRModule({"k": sch.mod["main"].with_attr("global_symbol", "k")}), target=TARGET)
+    with TARGET:
+        assert S.Guarded(dl.gpu.Matmul()).apply(kernel, TARGET, False) is None
+        fallback = S.Guarded(dl.gpu.Fallback()).apply(kernel, TARGET, False)
+    tvm.tirx.build(tvm.IRModule({"k": fallback.mod["main"].with_attr("global_symbol", "k")}), target=TARGET)
+    symbolic = relax.transform.LegalizeOps()(_matmul_module(tirx.Var("m", "int64")))["matmul"]
+    assert not has_clamped_extent(symbolic)  # a plain symbolic extent: nothing to lower
+
+
+def _matmul_module(rows):
+    b = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((rows, 4, 4, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((5, 4), "float32"))
+    with b.function("main", [x, w]):
+        with b.dataflow():
+            out = b.emit_output(relax.op.matmul(w, x))
+        b.emit_func_output(out)
+    return b.get()
+
+
 def _raises(rule, func) -> bool:
     try:
         with TARGET:

@@ -5,7 +5,10 @@ what they were written for, and in TVM's pipeline the exception ends the build. 
 ``GEMV`` asserts (``assert r_loops``) on a 1x1 depthwise convolution with a stride (a one-term
 reduction; ``tests/schedule_fuzz.py`` case 1313, which stock TVM cannot build);
 ``MatmulTensorization`` raises on an fp16 convolution with a symbolic batch (now
-:class:`.FittedTensorCoreGEMM`'s first). ``Guarded(rule)`` answers None instead, so the rule list
+:class:`.FittedTensorCoreGEMM`'s first). Others schedule a kernel TVM then cannot compile:
+``Matmul`` on a matmul over a slice clamped on a symbolic axis leaves a shared buffer of symbolic
+size (:mod:`vtc_tvm.scratch`, checked where such an extent exists, the check raising as the
+rule would). ``Guarded(rule)`` answers None instead, so the rule list
 goes on to the next rule (at worst ``Fallback``, which schedules any kernel); the error is
 logged at debug level with the rule's name. Each rule builds its own schedule from the kernel, so
 one that raised leaves nothing behind. Our own rules catch what they raise themselves.
@@ -16,6 +19,8 @@ from __future__ import annotations
 import logging
 
 from tvm.s_tir.dlight import ScheduleRule
+
+from ..scratch import check_static_scratch
 
 logger = logging.getLogger("vtc_tvm")
 
@@ -28,7 +33,10 @@ class Guarded(ScheduleRule):
 
     def apply(self, func, target, tunable):
         try:
-            return self.rule.apply(func, target, tunable)
+            sch = self.rule.apply(func, target, tunable)
+            if sch is not None and not isinstance(sch, list):
+                check_static_scratch(sch, func, target)
+            return sch
         except Exception as err:  # noqa: BLE001 - whatever DLight raises, the next rule decides
             logger.debug("%s raised on a kernel, the next rule schedules it: %s: %s", type(self.rule).__name__,
                          type(err).__name__, str(err).strip().splitlines()[-1:] or "")

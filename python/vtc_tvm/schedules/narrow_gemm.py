@@ -21,8 +21,11 @@ Limits: 1. one reduction block, a GEMM DLight's Matmul normalises (its reads ``A
 injective blocks around it; 2. J static and at most ``max_cols`` (32: at 33..64 DLight's
 padding wastes at most a half, at 48 a quarter; not taken); 3. I at least ``min_rows`` (or
 symbolic): a GEMM with few rows is :class:`.LowBatchGEMM`'s or :class:`.TensorCoreGEMM`'s;
-4. CUDA-like targets (DLight's ``is_target_available``); 5. the tile is fitted, not tuned (no
-timing on a GPU has chosen it yet).
+4. CUDA-like targets (DLight's ``is_target_available``); 5. the tile is fitted, not tuned;
+6. not taken where its grid has fewer than ``MIN_BLOCKS_PER_SM`` blocks an SM and DLight's 32-row
+tiles have that many (:func:`starves_the_gpu`): C3k2 at batch 1 (160 x 160 pixels, 100 to 400
+of these blocks on 132 SMs) ran 24 us slower with this rule than with DLight's tiles on an H100,
+1.45x faster at batch 16 (``benchmarks/results/rule_ab_h100_s22.json``). A symbolic I is taken.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from .window_reduction import holds_a_gemm, static_extent
 
 THREADS = 128  # threads a block, as DLight's CUDA tile (8 x 16)
 MICRO = 4  # outputs a thread along each of I and J, as DLight's
+MIN_BLOCKS_PER_SM = 4  # 16 warps an SM: below that a SIMT tile cannot hide its loads' latency
 
 
 def narrow_extents(stmt):
@@ -63,6 +67,19 @@ def fitted_config(cols: int, red: int | None) -> Matmul.Config:
     return Matmul.Config(block_size_x=tx, block_size_y=ty, vthread_x=MICRO, vthread_y=1, micro_size_x=1,
                          micro_size_y=MICRO, micro_size_k=16 if red is None or red >= 16 else 8,
                          vector_size=2, unroll=256, use_shared=True, storage_align=True, inner_x=False)
+
+
+def _tile_rows(config: Matmul.Config) -> int:
+    return config.block_size_x * config.vthread_x * config.micro_size_x
+
+
+def starves_the_gpu(rows: int, config: Matmul.Config, target) -> bool:
+    """Whether ``config``'s tile leaves fewer than ``MIN_BLOCKS_PER_SM`` blocks an SM for ``rows``
+    rows where DLight's own tile (32 rows a block) does not: fewer padded products do not pay
+    for an idle GPU (limit 6)."""
+    want = MIN_BLOCKS_PER_SM * batched_gemv.sm_count(target)
+    dlight = _tile_rows(Matmul().get_configs(target))
+    return -(-rows // _tile_rows(config)) < want <= -(-rows // dlight)
 
 
 class _FittedMatmul(Matmul):
@@ -103,6 +120,9 @@ class NarrowGEMM(GPUScheduleRule):
             return None
         sch, block = found
         config = fitted_config(cols, static_extent(sch.get(block), tirx.IterVar.CommReduce))
+        rows = narrow_extents(sch.get(block))[0]
+        if rows is not None and starves_the_gpu(rows, config, target):
+            return None
         if needs_widening(sch, block):
             sch = widen_accumulator(sch, block)  # DLight accumulates in the output dtype
         try:
