@@ -52,13 +52,18 @@ def _on_tensor_cores(func) -> bool:
     return any(scope.startswith("wmma.") for scope in scopes)
 
 
+def _rule_name(rule) -> str:
+    """The rule's class name; a guarded DLight rule by the rule it guards (``Matmul``, not ``Guarded``)."""
+    return type(rule.rule if isinstance(rule, S.Guarded) else rule).__name__
+
+
 def census(model: str, size: str, batch: int, dtype: str = "float16") -> dict:
     from benchmarks.whole_models import WHOLE_WORKLOADS
 
     target = cuda_target()
     taken: list = []  # (rule name, GEMM facts or None, tensor cores) of each kernel a rule takes
     rules = [Recording(r, lambda rule, func, sch: taken.append(
-        (type(rule).__name__, gemm_facts(func), _on_tensor_cores(sch.mod["main"])))) for r in S.default_rules(target)]
+        (_rule_name(rule), gemm_facts(func), _on_tensor_cores(sch.mod["main"])))) for r in S.default_rules(target)]
     wl = WHOLE_WORKLOADS[model]
     mod = wl.build(wl.config(size, batch, dtype))
     start = time.time()

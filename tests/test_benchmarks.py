@@ -128,6 +128,7 @@ def test_rule_census_names_the_rule_of_every_gemm(tmp_path):
     ours = [g for g in gemms if g["rule"] == "FittedTensorCoreGEMM"]
     assert ours and all(g["tensor_cores"] and g["J"] > 32 for g in ours)
     assert all(not g["tensor_cores"] and g["J"] <= 32 for g in gemms if g["rule"] == "NarrowGEMM")
+    assert "Guarded" not in row["kernels_by_rule"] and "Matmul" in row["kernels_by_rule"]  # DLight's by name
     assert "| I | J | K | rule | tensor cores |" in (tmp_path / "rule_census.md").read_text()
 
 
