@@ -158,11 +158,11 @@ def serial_threads(func: tirx.PrimFunc) -> tirx.PrimFunc:
 
 
 def run_llvm_all(func, arrays) -> list:
-    """Run ``func`` on llvm over numpy ``arrays``; return every buffer afterwards."""
+    """Run ``func`` on llvm over numpy ``arrays`` (and scalars); return every argument afterwards."""
     lib = tvm.tirx.build(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}), target="llvm")
-    args = [tvm.runtime.tensor(a) for a in arrays]
+    args = [tvm.runtime.tensor(a) if isinstance(a, np.ndarray) else a for a in arrays]  # scalars as they are
     lib["k"](*args)
-    return [a.numpy() for a in args]
+    return [a.numpy() if isinstance(a, tvm.runtime.Tensor) else a for a in args]
 
 
 def run_llvm(func, arrays):
@@ -210,7 +210,7 @@ def conv_kernel(C=116, k=3, stride=2, groups=None, cin=None, bias=True, relu=Tru
 
 def kernel_arrays(func, rng, dims=None, size=None):
     """Uniform(-1, 1) arrays for every parameter of ``func``, zeros for integer ones (indices in
-    bounds for any gather); ``dims`` binds symbolic sizes by name, ``size`` any other, and an
+    bounds for any gather), a scalar parameter's value for a symbolic size; ``dims`` binds symbolic sizes by name, ``size`` any other, and an
     extent that is an expression of them (a strided convolution's ``(n - 1) // 2 + 1``) is
     evaluated (``tests/regressions/case_7b970e547d.py``: bound to ``size`` itself, the output
     array had the wrong shape)."""
@@ -225,8 +225,14 @@ def kernel_arrays(func, rng, dims=None, size=None):
     def shape(p):
         return [extent(d) for d in p.shape]
 
-    return [np.zeros(shape(p), str(p.dtype)) if str(p.dtype).startswith(("int", "uint", "bool"))
-            else rng.uniform(-1, 1, shape(p)).astype(str(p.dtype)) for p in func.params]
+    def array(p):
+        if not tirx.is_buffer_var(p):  # a symbolic size passed on its own: its value
+            return extent(p)
+        if str(p.dtype).startswith(("int", "uint", "bool")):
+            return np.zeros(shape(p), str(p.dtype))
+        return rng.uniform(-1, 1, shape(p)).astype(str(p.dtype))
+
+    return [array(p) for p in func.params]
 
 
 def assert_float32_sums(make, scheduled, seed=3):
