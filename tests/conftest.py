@@ -210,9 +210,9 @@ def conv_kernel(C=116, k=3, stride=2, groups=None, cin=None, bias=True, relu=Tru
 
 def kernel_arrays(func, rng, dims=None, size=None):
     """Uniform(-1, 1) arrays for every parameter of ``func``, zeros for integer ones (indices in
-    bounds for any gather), a scalar parameter's value for a symbolic size; ``dims`` binds symbolic sizes by name, ``size`` any other, and an
-    extent that is an expression of them (a strided convolution's ``(n - 1) // 2 + 1``) is
-    evaluated (``tests/regressions/case_7b970e547d.py``: bound to ``size`` itself, the output
+    bounds for any gather), its value for a symbolic size passed as a scalar; ``dims`` binds
+    symbolic sizes by name, ``size`` any other, and an extent that is an expression of them (a
+    strided convolution's ``(n - 1) // 2 + 1``) is evaluated (``tests/regressions/case_7b970e547d.py``: bound to ``size`` itself, the output
     array had the wrong shape)."""
     def extent(d):
         if isinstance(d, tirx.IntImm):
@@ -269,11 +269,10 @@ def cuda_source_of(funcs, target) -> str:
 
 def shared_memory_bytes(func, target) -> tuple[int, int]:
     """A scheduled PrimFunc's static and dynamic shared bytes a block, as TVM's lowering leaves
-    them (flattened, after storage rewrite and the merge of the dynamic buffers)."""
-    mod = tvm.tirx.transform.BindTarget(target)(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}))
-    with target:
-        lowered = tvm.tirx.get_default_tir_pipeline(target)[0](mod)
-    (size,) = tvm.s_tir.analysis.calculate_allocated_bytes(lowered).values()
+    them (:func:`vtc_tvm.scratch.lower`)."""
+    from vtc_tvm.scratch import lower
+
+    (size,) = tvm.s_tir.analysis.calculate_allocated_bytes(lower(func, target)).values()
     return int(size.get("shared", 0)), int(size.get("shared.dyn", 0))
 
 

@@ -31,21 +31,25 @@ def has_clamped_extent(func: tirx.PrimFunc) -> bool:
     return bool(found)
 
 
+def lower(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
+    """A scheduled kernel as TVM's default TIR pipeline for ``target`` lowers it (buffers flattened,
+    storage rewritten, dynamic shared buffers merged), before host and device are split."""
+    mod = tvm.tirx.transform.BindTarget(target)(tvm.IRModule({"k": func.with_attr("global_symbol", "k")}))
+    with target:
+        return tvm.tirx.get_default_tir_pipeline(target)[0](mod)["k"]
+
+
 def check_static_scratch(sch, func: tirx.PrimFunc, target) -> None:
     """Raise ValueError where ``func`` has a clamped extent and TVM's lowering of its schedule
     ``sch`` leaves a buffer the kernel allocates (shared, local, ...) with a symbolic size."""
     if not has_clamped_extent(func):
         return
-    mod = tvm.tirx.transform.BindTarget(target)(
-        tvm.IRModule({"k": sch.mod["main"].with_attr("global_symbol", "k")}))
-    with target:
-        lowered = tvm.tirx.get_default_tir_pipeline(target)[0](mod)
     sized = []
-    tvm_ffi.structural_walk(lowered["k"].body, (tirx.AllocBuffer, lambda a: sized.append(a.buffer) if not all(
-        isinstance(d, tirx.IntImm) for d in a.buffer.shape) else None))
+    tvm_ffi.structural_walk(lower(sch.mod["main"], target).body, (tirx.AllocBuffer, lambda a: sized.append(
+        a.buffer) if not all(isinstance(d, tirx.IntImm) for d in a.buffer.shape) else None))
     if sized:
         raise ValueError(f"TVM lowers the schedule to a {sized[0].scope()} buffer of symbolic size "
                          f"({', '.join(map(str, sized[0].shape))}), which code generation cannot allocate")
 
 
-__all__ = ["check_static_scratch", "has_clamped_extent"]
+__all__ = ["check_static_scratch", "has_clamped_extent", "lower"]
