@@ -52,10 +52,10 @@ def rules(variant: str, target) -> list:
     if variant == "dlight":
         return S.stock_rules(target)
     if variant == "tc_narrow":
-        rest = [r for r in default if not isinstance(r, S.FittedTensorCoreGEMM)]
-        at = next(i for i, r in enumerate(rest) if isinstance(r, S.NarrowGEMM))
-        return rest[:at] + [S.FittedTensorCoreGEMM(min_cols=0)] + rest[at:]
-    return [r for r in default if not isinstance(r, RULES[variant])]
+        rest = [r for r in default if not isinstance(S.unguarded(r), S.FittedTensorCoreGEMM)]
+        at = next(i for i, r in enumerate(rest) if isinstance(S.unguarded(r), S.NarrowGEMM))
+        return rest[:at] + [S.Guarded(S.FittedTensorCoreGEMM(min_cols=0))] + rest[at:]
+    return [r for r in default if not isinstance(S.unguarded(r), RULES[variant])]
 
 
 def _workload(name):

@@ -53,8 +53,8 @@ def _on_tensor_cores(func) -> bool:
 
 
 def _rule_name(rule) -> str:
-    """The rule's class name; a guarded DLight rule by the rule it guards (``Matmul``, not ``Guarded``)."""
-    return type(rule.rule if isinstance(rule, S.Guarded) else rule).__name__
+    """The rule's class name; a guarded rule by the rule it guards (``Matmul``, not ``Guarded``)."""
+    return type(S.unguarded(rule)).__name__
 
 
 def census(model: str, size: str, batch: int, dtype: str = "float16") -> dict:

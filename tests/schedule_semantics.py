@@ -55,9 +55,11 @@ class Recorder:
     def __init__(self, target):
         self.taken: list[Taken] = []
         self.target = tvm.target.Target(target)
-        self.rules = [Recording(r, self._take) if isinstance(r, OURS) else r for r in S.default_rules(target)]
+        self.rules = [Recording(r, self._take) if isinstance(S.unguarded(r), OURS) else r
+                      for r in S.default_rules(target)]
 
     def _take(self, rule, func, sch) -> None:
+        rule = S.unguarded(rule)
         scheduled = sch.mod["main"]
         twin = _untensorized(rule, func, self.target) if on_tensor_cores(scheduled) else None
         self.taken.append(Taken(type(rule).__name__, func, scheduled, twin, self.target))

@@ -68,6 +68,10 @@ CASES = [
      lambda t, i: R.nn.softmax(R.take(t, i, axis=0, mode="clip")), "relax.take"),
     ("repeat_kv_gqa", [("q", (b, 4, n, 8), F32), ("k", (b, 2, m, 8), F32)],
      lambda q, k: R.matmul(q, R.permute_dims(R.repeat(k, 2, axis=1), [0, 1, 3, 2])), "relax.repeat"),
+    ("argmax_over_expand_dims", [("x", (4, 6, n), F32)],  # graph fuzz 928: case_b42ed8bd77
+     lambda x: R.argmax(R.expand_dims(x, -1), axis=0), "relax.expand_dims"),
+    ("reshape_merge_symbolic_tail", [("x", (b, 6, n), F32)],
+     lambda x: R.exp(R.reshape(x, (b, 6 * n))), "relax.reshape"),
     ("expand_squeeze", [("x", (n, 1, 6), F32)],
      lambda x: R.sum(R.expand_dims(R.squeeze(x, [1]), 0), axis=[2]), "relax.squeeze"),
     ("pad_batch", [("x", (b, 4), F32)], lambda x: R.exp(R.nn.pad(x, [0, 0, 1, 2], pad_value=0.5)), "relax.nn.pad"),
@@ -270,3 +274,29 @@ def test_divisions_by_a_symbolic_size_of_a_multiple_plus_a_remainder_simplify():
     # a remainder that may reach n is left alone
     kept = tvm.tirx.floordiv(a * n + r + i64(1), n)
     assert tvm_ffi.structural_equal(_symbolic_divmods(kept, ana), kept)
+
+
+def test_reshapes_read_group_by_group():
+    """An axis a reshape keeps keeps its index, and runs of axes with equal element counts are
+    read on their own: expand_dims over ``(4, 6, n)`` reads ``x[v0, v1, v2]``. A flat index over
+    all axes left divisions by ``6 * n`` that no analyzer simplifies (graph fuzz 928: WindowReduction
+    took the argmax through it for a window read, and its CUDA build failed)."""
+    from vtc_tvm.rules import reshape_groups
+
+    assert reshape_groups((4, 6, n, 1), (4, 6, n)) == [([0], [0]), ([1], [1]), ([2], [2])]
+    assert reshape_groups((24, n), (4, 6, n)) == [([0], [0, 1]), ([1], [2])]
+    assert reshape_groups((4, 6 * n), (4, 6, n)) == [([0], [0]), ([1], [1, 2])]
+    assert reshape_groups((6, 4), (4, 6)) == [([0, 1], [0, 1])]
+    assert reshape_groups((1,), (1, 1)) == []
+    assert reshape_groups((n,), (2, n)) is None  # counts that cannot match: one flat group
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 6, n), F32))
+    mapping = get_rule("relax.expand_dims")(bb.normalize(R.expand_dims(x, -1))).mapping
+    (piece,) = mapping.pieces
+    assert all(tvm_ffi.structural_equal(i, v) for i, v in zip(piece.indices, mapping.vars[:3]))
+    for shape, new in [((3, 4, 5), (12, 5)), ((3, 4, 5), (2, 6, 5)), ((2, 1, 6), (3, 1, 4)), ((6, 4), (4, 6))]:
+        x = relax.Var("x", relax.TensorType(shape, F32))
+        call = bb.normalize(R.reshape(x, new))
+        data = np.arange(np.prod(shape), dtype="float32").reshape(shape)
+        got = get_rule("relax.reshape")(call).mapping.apply_numpy([data])
+        np.testing.assert_array_equal(got, data.reshape(new))

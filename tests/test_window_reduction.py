@@ -10,8 +10,12 @@ import tvm
 from tvm import relax
 from tvm.s_tir.analysis import verify_well_formed
 
+from tvm.script import tirx as T
+
 import vtc_tvm.schedules as S
 from vtc_tvm.pipeline import cuda_target, vtc_pipeline
+from vtc_tvm.scratch import check_scratch
+from vtc_tvm.schedules import batched_gemv
 from tests.conftest import (assert_float32_sums, assert_nvcc_compiles, assert_same_on_llvm, conv_kernel as conv,
                             cuda_source_of, fused_kernels)
 from tests.fuzz import cuda_sources
@@ -99,6 +103,58 @@ def test_declines_gemms_softmax_and_cpu_targets():
     (softmax,) = fused_kernels(lambda bb, x: relax.op.nn.softmax(x), [x])
     assert _schedule(gemm) is None and _schedule(softmax) is None
     assert _schedule(conv(), target=tvm.target.Target("llvm")) is None
+
+
+@T.prim_func(private=True, s_tir=True)
+def window_argmax(x: T.Buffer((T.int64(2050),), "float32"), out: T.Buffer((T.int64(2048),), "int64")):
+    """An argmax over sliding windows of 3: one reduction block writing two buffers (index, value)."""
+    T.func_attr({"op_pattern": 4, "tirx.noalias": True})
+    temp_v0 = T.sblock_alloc_buffer((T.int64(2048),), "int64")
+    temp_v1 = T.sblock_alloc_buffer((T.int64(2048),))
+    for i, k in T.grid(T.int64(2048), T.int64(3)):
+        with T.sblock("temp"):
+            v_i, v_k = T.axis.remap("SR", [i, k])
+            T.reads(x[v_i + v_k])
+            T.writes(temp_v0[v_i], temp_v1[v_i])
+            with T.init():
+                temp_v0[v_i] = T.int64(-1)
+                temp_v1[v_i] = T.float32(-3.4e38)
+            v0: T.int64 = T.Select(temp_v1[v_i] >= x[v_i + v_k], temp_v0[v_i], v_k)
+            v1: T.float32 = T.Select(temp_v1[v_i] >= x[v_i + v_k], temp_v1[v_i], x[v_i + v_k])
+            temp_v0[v_i] = v0
+            temp_v1[v_i] = v1
+    for i in range(T.int64(2048)):
+        with T.sblock("out"):
+            v_i = T.axis.spatial(T.int64(2048), i)
+            T.reads(temp_v0[v_i])
+            T.writes(out[v_i])
+            out[v_i] = temp_v0[v_i]
+
+
+class _TwoOutputsTaken(S.WindowReduction):
+    """The rule without its one-output limit (as it was before graph fuzz 928)."""
+
+    def accepts(self, stmt):
+        return True
+
+
+def test_declines_a_reduction_with_two_outputs_and_the_guard_catches_one_taken():
+    """Graph fuzz 928 (tests/regressions/case_b42ed8bd77.py): the rule took an argmax and moved
+    only the first of its two outputs to registers; the other stayed a global buffer inside the
+    kernel and CUDA code generation stopped. The rule declines such blocks now; a schedule that
+    still did so is caught by vtc_tvm.scratch and, guarded, passes the kernel on."""
+    assert _schedule(window_argmax) is None
+    with TARGET:
+        sch = _TwoOutputsTaken()._schedule(*batched_gemv.single_reduction(window_argmax), 256)
+        with pytest.raises(Exception, match="Cannot allocate global memory"):
+            tvm.tirx.build(tvm.IRModule({"k": sch.mod["main"].with_attr("global_symbol", "k")}), target=TARGET)
+        with pytest.raises(ValueError, match="temp_v1 in global memory inside the kernel"):
+            check_scratch(sch, window_argmax, TARGET)
+        assert _TwoOutputsTaken().apply(window_argmax, TARGET, False) is not None
+        assert S.Guarded(_TwoOutputsTaken()).apply(window_argmax, TARGET, False) is None
+        for taken in TAKEN.values():  # the rule's own schedules allocate nothing global: not lowered
+            kernel = taken("float16")
+            check_scratch(RULE.apply(kernel, TARGET, False), kernel, TARGET)
 
 
 def test_cuda_source_compiles_with_nvcc():

@@ -24,7 +24,7 @@ from tvm.s_tir.analysis import get_sblock_read_write_region, verify_well_formed
 from .analysis import INJECTIVE, OPAQUE, _non_root_blocks, op_pattern
 from .errors import last_line
 from .mapping import Mapping, _substitute, lowering_safe, new_buffer
-from .scratch import check_static_scratch
+from .scratch import check_scratch
 
 MAPPING_ATTR = "vtc.virtual_inputs"
 
@@ -513,10 +513,10 @@ def _dlight_schedule(func: tirx.PrimFunc, target, start: int = 0):
 
 def _apply(rule, func: tirx.PrimFunc, target):
     """``rule``'s schedule of ``func`` (None: not its); raises ValueError where TVM could not
-    compile that schedule (:func:`vtc_tvm.scratch.check_static_scratch`)."""
+    compile that schedule (:func:`vtc_tvm.scratch.check_scratch`)."""
     sch = rule.apply(func, target, False)
     if sch is not None:
-        check_static_scratch(sch, func, target)
+        check_scratch(sch, func, target)
     return sch
 
 
@@ -669,18 +669,12 @@ def _default_rules(target_str: str) -> tuple:
 
 def _default_rule(func: tirx.PrimFunc, target, limit: int):
     """Index of the first of :func:`vtc_tvm.schedules.default_rules` below ``limit`` that
-    schedules ``func`` (DLight's rules guarded: one that raises passes), else None."""
+    schedules ``func`` (all guarded: one that raises or whose schedule TVM cannot compile passes),
+    else None."""
     rules = _default_rules(str(target))
     key = (tvm_ffi.structural_hash(func), str(target))
     if key not in _DEFAULT_RULE:
-        found = None
-        for i, rule in enumerate(rules[:limit]):
-            try:
-                if _apply(rule, func, target) is not None:
-                    found = i
-                    break
-            except Exception:  # noqa: BLE001 - a rule of ours failing on a form: not this rule
-                continue
+        found = next((i for i, rule in enumerate(rules[:limit]) if rule.apply(func, target, False) is not None), None)
         if found is not None or limit >= len(rules):
             _DEFAULT_RULE[key] = found
             while len(_DEFAULT_RULE) > _OUTCOMES_LIMIT:
@@ -700,6 +694,8 @@ def _best_by_default_rules(original: tirx.PrimFunc, candidates, target, why: str
     1x1 depthwise convolution as the planner sees it, before FuseOps adds the epilogue with which
     stock builds it (``tests/schedule_fuzz.py`` case 2052: the rewrite builds with DLight's rules
     alone too, tested)."""
+    from .schedules import unguarded
+
     rules = _default_rules(str(target))
     before = _default_rule(original, target, len(rules))
     if before is None:
@@ -708,7 +704,7 @@ def _best_by_default_rules(original: tirx.PrimFunc, candidates, target, why: str
         if _default_rule(func, target, before + 1) is not None:
             return func
     raise NotRewritable(f"DLight raises on the original consumer ({why}) and our rules would not schedule "
-                        f"the rewritten one as they schedule it ({type(rules[before]).__name__})")
+                        f"the rewritten one as they schedule it ({type(unguarded(rules[before])).__name__})")
 
 
 # -- loop normalisation -------------------------------------------------------------------------

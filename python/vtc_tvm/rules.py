@@ -21,7 +21,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-from .mapping import Mapping, Piece, VirtualTensor, _substitute, dim, row_major_strides
+from .mapping import Mapping, Piece, VirtualTensor, _substitute, dim, row_major_strides, same_shape
 
 _RULES: Dict[str, Callable] = {}
 
@@ -106,14 +106,83 @@ def _view(call, src, fn) -> VirtualTensor:
 
 
 # -- rules --------------------------------------------------------------------------------------
+def _factors(dims) -> tuple:
+    """The product of ``dims`` as (constant, [symbolic factors])."""
+    const, sym, todo = 1, [], list(dims)
+    while todo:
+        d = todo.pop()
+        if isinstance(d, tirx.Mul):  # 6 * n: the constant and n count apart
+            todo += [dim(d.a), dim(d.b)]
+        elif isinstance(d, int):
+            const *= d
+        else:
+            sym.append(d)
+    return const, sym
+
+
+def _divides(a, b) -> bool:
+    """Whether the product ``a`` divides the product ``b`` (both :func:`_factors`), symbolic
+    factors matched by proof; False where it cannot be shown."""
+    if a[0] == 0 or b[0] % a[0]:
+        return False
+    rest = list(b[1])
+    for f in a[1]:
+        k = next((k for k, g in enumerate(rest) if same_shape([f], [g])), None)
+        if k is None:
+            return False
+        rest.pop(k)
+    return True
+
+
+def reshape_groups(out_shape, in_shape):
+    """``[(out_axes, in_axes)]``: the shortest runs of axes with equal element counts, unit axes
+    left out (numpy's no-copy reshape walk), or None where the counts cannot be matched (a
+    symbolic dimension split unevenly, a zero-size axis). A reshape reads each group on its own,
+    so an axis that keeps its size keeps its index: ``(4, 6, n) -> (4, 6, n, 1)`` maps
+    ``v2 -> v2`` where the flat walk leaves divisions by ``6 * n`` no analyzer simplifies."""
+    out_axes = [k for k, d in enumerate(out_shape) if not (isinstance(d, int) and d == 1)]
+    in_axes = [k for k, d in enumerate(in_shape) if not (isinstance(d, int) and d == 1)]
+    groups, a, b = [], 0, 0
+    while a < len(out_axes) and b < len(in_axes):
+        go, gi = [out_axes[a]], [in_axes[b]]
+        a, b = a + 1, b + 1
+        while True:
+            po, pi = _factors([out_shape[k] for k in go]), _factors([in_shape[k] for k in gi])
+            if _divides(po, pi) and _divides(pi, po):
+                break
+            if not po[1] and not pi[1]:  # static: the smaller side takes its next axis
+                grow_out = po[0] < pi[0]
+            elif _divides(po, pi) or _divides(pi, po):
+                grow_out = _divides(po, pi)
+            else:
+                return None
+            if grow_out and a < len(out_axes):
+                go.append(out_axes[a])
+                a += 1
+            elif not grow_out and b < len(in_axes):
+                gi.append(in_axes[b])
+                b += 1
+            else:
+                return None
+        groups.append((go, gi))
+    return groups if a == len(out_axes) and b == len(in_axes) else None
+
+
 def _reshape(call):
-    """reshape / flatten / squeeze / expand_dims: same row-major element order."""
+    """reshape / flatten / squeeze / expand_dims: same row-major element order, read group by
+    group (:func:`reshape_groups`; one group of all axes where the groups cannot be found)."""
     x = call.args[0]
     out_shape, in_shape = dims_of(call), dims_of(x)
+    groups = reshape_groups(out_shape, in_shape) or [(list(range(len(out_shape))), list(range(len(in_shape))))]
+    zero = tirx.IntImm("int64", 0)
 
     def fn(*v):
-        flat = sum((vi * s for vi, s in zip(v, row_major_strides(out_shape))), tirx.IntImm("int64", 0))
-        return _unravel(flat, in_shape)
+        idx = [zero] * len(in_shape)
+        for go, gi in groups:
+            flat = sum((v[k] * s for k, s in zip(go, row_major_strides([out_shape[k] for k in go]))), zero)
+            for k, e in zip(gi, _unravel(flat, [in_shape[k] for k in gi])):
+                idx[k] = e
+        return idx
 
     return _view(call, x, fn)
 

@@ -1,4 +1,5 @@
-"""Whether TVM can compile a schedule's scratch buffers: shared and local memory of constant size.
+"""Whether TVM can compile a schedule's scratch buffers: shared and local memory of constant size,
+no global memory allocated inside a kernel.
 
 TVM 0.27 lowers some schedules of a kernel with a loop extent such as ``min(1, n)`` (a slice
 clamped on a symbolic axis) to a shared or local buffer of symbolic size, which its CUDA code
@@ -8,13 +9,19 @@ there has the extent ``min(1, n) - min(0, n)`` and lowers to constant buffers). 
 rules answer before any lowering, so the check lowers the schedule (about 0.1 s) and reads the
 sizes, on the kernels it concerns only: those with a loop extent built with min, max, division
 or subtraction.
+
+A schedule that leaves an intermediate buffer in global scope inside a kernel's threads fails
+CUDA code generation too ("Cannot allocate global memory when targeting CUDA"): a rule that
+moves one of a block's outputs to registers and not another (argmax writes two buffers;
+``tests/regressions/case_b42ed8bd77.py``, before WindowReduction declined such blocks). The
+check lowers only schedules that allocate a global intermediate at all.
 """
 
 from __future__ import annotations
 
 import tvm
 import tvm_ffi
-from tvm import tirx
+from tvm import s_tir, tirx
 
 _CLAMPING = (tirx.Min, tirx.Max, tirx.FloorDiv, tirx.FloorMod, tirx.Sub)
 
@@ -39,17 +46,47 @@ def lower(func: tirx.PrimFunc, target) -> tirx.PrimFunc:
         return tvm.tirx.get_default_tir_pipeline(target)[0](mod)["k"]
 
 
-def check_static_scratch(sch, func: tirx.PrimFunc, target) -> None:
-    """Raise ValueError where ``func`` has a clamped extent and TVM's lowering of its schedule
-    ``sch`` leaves a buffer the kernel allocates (shared, local, ...) with a symbolic size."""
-    if not has_clamped_extent(func):
-        return
+def _allocates_global(func: tirx.PrimFunc) -> bool:
+    """Whether a block of the scheduled ``func`` allocates a buffer in global scope."""
+    found = []
+    tvm_ffi.structural_walk(func.body, (s_tir.SBlock, lambda b: found.extend(
+        buf for buf in b.alloc_buffers if buf.scope() == "global")))
+    return bool(found)
+
+
+def _unallocatable(lowered: tirx.PrimFunc) -> str | None:
+    """Why code generation cannot allocate one of ``lowered``'s buffers, or None."""
     sized = []
-    tvm_ffi.structural_walk(lower(sch.mod["main"], target).body, (tirx.AllocBuffer, lambda a: sized.append(
+    tvm_ffi.structural_walk(lowered.body, (tirx.AllocBuffer, lambda a: sized.append(
         a.buffer) if not all(isinstance(d, tirx.IntImm) for d in a.buffer.shape) else None))
-    if sized:
-        raise ValueError(f"TVM lowers the schedule to a {sized[0].scope()} buffer of symbolic size "
-                         f"({', '.join(map(str, sized[0].shape))}), which code generation cannot allocate")
+    for buf in sized:
+        if buf.scope() != "global":
+            return (f"TVM lowers the schedule to a {buf.scope()} buffer of symbolic size "
+                    f"({', '.join(map(str, buf.shape))}), which code generation cannot allocate")
+    in_kernel = []
+
+    def on_launch(attr):
+        if attr.attr_key == "thread_extent":
+            tvm_ffi.structural_walk(attr.body, (tirx.AllocBuffer, lambda a: in_kernel.append(
+                a.buffer) if a.buffer.scope() == "global" else None))
+
+    tvm_ffi.structural_walk(lowered.body, (tirx.AttrStmt, on_launch))
+    if in_kernel:
+        return (f"the schedule leaves the intermediate buffer {in_kernel[0].name} in global memory "
+                f"inside the kernel, which code generation cannot allocate")
+    return None
 
 
-__all__ = ["check_static_scratch", "has_clamped_extent", "lower"]
+def check_scratch(sch, func: tirx.PrimFunc, target) -> None:
+    """Raise ValueError where TVM's lowering of ``func``'s schedule ``sch`` leaves a buffer the
+    kernel allocates that code generation rejects: a shared or local buffer of symbolic size (only
+    looked for where ``func`` has a clamped extent) or a global one inside the kernel's threads
+    (only where the schedule allocates a global intermediate). Other schedules are not lowered."""
+    if not (has_clamped_extent(func) or _allocates_global(sch.mod["main"])):
+        return
+    why = _unallocatable(lower(sch.mod["main"], target))
+    if why is not None:
+        raise ValueError(why)
+
+
+__all__ = ["check_scratch", "has_clamped_extent", "lower"]

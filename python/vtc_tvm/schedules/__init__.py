@@ -1,7 +1,8 @@
 """Schedule rules for small-batch (decode) kernels, DLight style, and their wiring.
 
 ``default_rules(target)`` is our rules followed by exactly the rule list of TVM's own CUDA
-pipeline, each of those :class:`.guard.Guarded` (one that raises on a kernel passes it on);
+pipeline, each :class:`.guard.Guarded` (one that raises on a kernel, or schedules it in a way TVM
+cannot compile, passes it on);
 ``ApplySchedules(target)`` is ``dlight.ApplyDefaultSchedule`` over that list.
 
 * :class:`TensorCoreGEMM` (:mod:`.tensor_core_gemm`): 16..64-row fp16 projections on WMMA tensor cores
@@ -30,7 +31,7 @@ import tvm
 from .accumulate import widen_accumulator
 from .decode_attention import DecodeAttention
 from .fitted_tensor_core import FittedTensorCoreGEMM
-from .guard import Guarded
+from .guard import Guarded, unguarded
 from .low_batch_gemm import LowBatchGEMM
 from .narrow_gemm import NarrowGEMM
 from .tensor_core_gemm import TensorCoreGEMM
@@ -57,8 +58,9 @@ def our_rules(target) -> list:
 
 def default_rules(target) -> list:
     """Our rules first, then exactly TVM's own rule list for ``target``, each :class:`.Guarded`
-    (a rule that raises on a kernel passes it on to the next rule instead of ending the build)."""
-    return our_rules(target) + [Guarded(r) for r in stock_rules(target)]
+    (a rule that raises on a kernel, or schedules it in a way TVM cannot compile, passes it on to
+    the next rule instead of ending the build; :func:`.guard.unguarded` gives the rule back)."""
+    return [Guarded(r) for r in our_rules(target) + stock_rules(target)]
 
 
 def ApplySchedules(target) -> tvm.transform.Pass:  # noqa: N802 - a pass, named like TVM's
@@ -69,4 +71,4 @@ def ApplySchedules(target) -> tvm.transform.Pass:  # noqa: N802 - a pass, named 
 
 
 __all__ = ["ApplySchedules", "DecodeAttention", "FittedTensorCoreGEMM", "Guarded", "LowBatchGEMM", "default_rules", "NarrowGEMM", "our_rules",
-           "stock_rules", "TensorCoreGEMM", "WindowReduction", "widen_accumulator"]
+           "stock_rules", "TensorCoreGEMM", "unguarded", "WindowReduction", "widen_accumulator"]

@@ -1,4 +1,5 @@
-"""A DLight rule that raises on a kernel is "not mine" there: the next rule schedules it.
+"""A schedule rule that raises on a kernel, or schedules it in a way TVM cannot compile, is "not
+mine" there: the next rule schedules it.
 
 DLight's rules answer None for a kernel they do not take, but some raise on kernels just outside
 what they were written for, and in TVM's pipeline the exception ends the build. TVM 0.27:
@@ -7,11 +8,13 @@ reduction; ``tests/schedule_fuzz.py`` case 1313, which stock TVM cannot build);
 ``MatmulTensorization`` raises on an fp16 convolution with a symbolic batch (now
 :class:`.FittedTensorCoreGEMM`'s first). Others schedule a kernel TVM then cannot compile:
 ``Matmul`` on a matmul over a slice clamped on a symbolic axis leaves a shared buffer of symbolic
-size (:mod:`vtc_tvm.scratch`, checked where such an extent exists, the check raising as the
-rule would). ``Guarded(rule)`` answers None instead, so the rule list
-goes on to the next rule (at worst ``Fallback``, which schedules any kernel); the error is
-logged at debug level with the rule's name. Each rule builds its own schedule from the kernel, so
-one that raised leaves nothing behind. Our own rules catch what they raise themselves.
+size; a rule that leaves one of a block's outputs in global memory inside the kernel ends the
+build too (:mod:`vtc_tvm.scratch` checks both, lowering only the schedules concerned).
+``Guarded(rule)`` answers None instead, so the rule list goes on to the next rule (at worst
+``Fallback``, which schedules any kernel); the error is logged at debug level with the rule's
+name. Each rule builds its own schedule from the kernel, so one that raised leaves nothing
+behind. :func:`vtc_tvm.schedules.default_rules` guards every rule, ours too: they catch what
+they raise themselves, the scratch check is what the guard adds for them.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import logging
 
 from tvm.s_tir.dlight import ScheduleRule
 
-from ..scratch import check_static_scratch
+from ..scratch import check_scratch
 
 logger = logging.getLogger("vtc_tvm")
 
@@ -35,7 +38,7 @@ class Guarded(ScheduleRule):
         try:
             sch = self.rule.apply(func, target, tunable)
             if sch is not None and not isinstance(sch, list):
-                check_static_scratch(sch, func, target)
+                check_scratch(sch, func, target)
             return sch
         except Exception as err:  # noqa: BLE001 - whatever DLight raises, the next rule decides
             logger.debug("%s raised on a kernel, the next rule schedules it: %s: %s", type(self.rule).__name__,
@@ -46,4 +49,9 @@ class Guarded(ScheduleRule):
         return self.rule.is_target_available(target)
 
 
-__all__ = ["Guarded"]
+def unguarded(rule: ScheduleRule) -> ScheduleRule:
+    """The rule a :class:`Guarded` guards (``rule`` itself otherwise)."""
+    return rule.rule if isinstance(rule, Guarded) else rule
+
+
+__all__ = ["Guarded", "unguarded"]

@@ -11,10 +11,10 @@ whole output elements: the window's terms unrolled into one float32 register (fp
 that value before the one store; consecutive threads take consecutive output columns, so the
 window's loads coalesce.
 
-Limits: 1. one reduction block, whose reads index a window (an index that adds a reduction
-axis to a spatial one, ``x[n, c, h * 2 + kh, w * 2 + kw]``; a grouped convolution's 1x1 window
-counts, so EfficientViT's grouped 1x1 convolutions of 8 channels a group are taken), the other
-blocks injective (a padding producer inlined, at most one epilogue after inlining); 2. no GEMM
+Limits: 1. one reduction block writing one buffer (not argmax's value and index pair), whose
+reads index a window (an index that adds a reduction axis to a spatial one, ``x[n, c, h * 2 +
+kh, w * 2 + kw]``; a grouped convolution's 1x1 window counts, so EfficientViT's grouped 1x1
+convolutions of 8 channels a group are taken), the other blocks injective (a padding producer inlined, at most one epilogue after inlining); 2. no GEMM
 in it (:func:`holds_a_gemm`): a dense convolution, even a network's RGB stem of 27 terms, is an
 implicit GEMM that DLight's Matmul rule tiles; 3. at most ``max_terms`` terms an output element
 (a static reduction extent); 4. at least ``min_outputs`` output elements when the spatial
@@ -80,7 +80,7 @@ class WindowReduction(GPUScheduleRule):
         """Limits 1-4 on the reduction block ``stmt`` (the epilogue count is checked when scheduling)."""
         terms = static_extent(stmt, tirx.IterVar.CommReduce)
         outputs = static_extent(stmt, tirx.IterVar.DataPar)
-        return (terms is not None and 1 < terms <= self.max_terms
+        return (len(stmt.writes) == 1 and terms is not None and 1 < terms <= self.max_terms
                 and (outputs is None or outputs >= self.min_outputs) and reads_a_window(stmt)
                 and not holds_a_gemm(stmt))
 

@@ -3,6 +3,14 @@
 Found by tests/fuzz.py:
     [crash] strategy='contiguity' stage=cuda build: InternalError: Check failed: scope != "global" (global vs. global) : Cannot allocate global memory when targeting CUDA. You must pass all global arrays as input instead
 
+Two faults: the reshape rule read expand_dims's source through a flat index, leaving divisions by
+``6 * n`` the analyzer cannot simplify (a "window" read to WindowReduction), and WindowReduction
+moved only the first of argmax's two reduction outputs to registers, leaving the other in global
+memory inside the kernel. Fixed: reshapes read group by group (``vtc_tvm.rules.reshape_groups``),
+WindowReduction takes one-output reductions only, and every rule of the "vtc" pipeline is guarded
+by ``vtc_tvm.scratch.check_scratch`` (a schedule with a global intermediate inside the kernel
+passes the kernel to the next rule).
+
 Run: pytest tests/test_fuzz.py -k case_b42ed8bd77   (tests/test_fuzz.py runs every saved case)
 """
 
