@@ -77,7 +77,7 @@ def run_case(name: str, batch: int, variants, args, target, dev, torch) -> dict:
     with target:
         planned = vtc_tvm.VirtualTensorize(target=target, memory_guard=True, inplace=getattr(wl, "inplace", ()))(mod)
     exes, took = {}, set()
-    record = lambda rule, func, sch: took.add(type(rule))  # noqa: E731 - the rules default's build used
+    record = lambda rule, func, sch: took.add(type(S.unguarded(rule)))  # noqa: E731 - the rules default's build used
     for v in sorted(variants, key=lambda v: v != "default"):  # default first: it says which rules apply
         if v in RULES and RULES[v] not in took or v == "tc_narrow" and S.NarrowGEMM not in took:
             row["variants"][v] = {"skipped": "the rule takes no kernel here"}
