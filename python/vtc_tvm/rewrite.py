@@ -24,7 +24,7 @@ from tvm.s_tir.analysis import get_sblock_read_write_region, verify_well_formed
 from .analysis import INJECTIVE, OPAQUE, _non_root_blocks, op_pattern
 from .errors import last_line
 from .mapping import Mapping, _substitute, lowering_safe, new_buffer
-from .scratch import check_scratch
+from .scratch import checked_schedule
 
 MAPPING_ATTR = "vtc.virtual_inputs"
 
@@ -470,7 +470,7 @@ def _dlight_rule_below(func: tirx.PrimFunc, target, limit: int):
     start = max(_NONE_BELOW.get(key, 0), _first_rule_to_try(func, rules))
     for i in range(start, min(limit, len(rules))):
         try:
-            sch = _apply(rules[i], func, target)
+            sch = checked_schedule(rules[i], func, target)
         except Exception as err:  # noqa: BLE001 - what the full search would have raised here too
             _remember(key, err)
             raise
@@ -505,19 +505,10 @@ def _dlight_schedule(func: tirx.PrimFunc, target, start: int = 0):
     saw return None, and those :func:`_first_rule_to_try` skips)."""
     rules = _dlight_rules()
     for i in range(max(start, _first_rule_to_try(func, rules)), len(rules)):
-        sch = _apply(rules[i], func, target)
+        sch = checked_schedule(rules[i], func, target)
         if sch is not None:
             return i, sch
     return len(rules), None
-
-
-def _apply(rule, func: tirx.PrimFunc, target):
-    """``rule``'s schedule of ``func`` (None: not its); raises ValueError where TVM could not
-    compile that schedule (:func:`vtc_tvm.scratch.check_scratch`)."""
-    sch = rule.apply(func, target, False)
-    if sch is not None:
-        check_scratch(sch, func, target)
-    return sch
 
 
 # DLight's Matmul rule without tensor cores (an output extent <= 64: decode attention) sums the

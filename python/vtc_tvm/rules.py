@@ -148,12 +148,13 @@ def reshape_groups(out_shape, in_shape):
         a, b = a + 1, b + 1
         while True:
             po, pi = _factors([out_shape[k] for k in go]), _factors([in_shape[k] for k in gi])
-            if _divides(po, pi) and _divides(pi, po):
+            out_divides, in_divides = _divides(po, pi), _divides(pi, po)
+            if out_divides and in_divides:
                 break
             if not po[1] and not pi[1]:  # static: the smaller side takes its next axis
                 grow_out = po[0] < pi[0]
-            elif _divides(po, pi) or _divides(pi, po):
-                grow_out = _divides(po, pi)
+            elif out_divides or in_divides:
+                grow_out = out_divides
             else:
                 return None
             if grow_out and a < len(out_axes):

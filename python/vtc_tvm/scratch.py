@@ -56,13 +56,13 @@ def _allocates_global(func: tirx.PrimFunc) -> bool:
 
 def _unallocatable(lowered: tirx.PrimFunc) -> str | None:
     """Why code generation cannot allocate one of ``lowered``'s buffers, or None."""
-    sized = []
+    symbolic = lambda buf: not all(isinstance(d, tirx.IntImm) for d in buf.shape)  # noqa: E731
+    sized = []  # scratch (shared, local) of symbolic size; a global buffer outside a kernel may be
     tvm_ffi.structural_walk(lowered.body, (tirx.AllocBuffer, lambda a: sized.append(
-        a.buffer) if not all(isinstance(d, tirx.IntImm) for d in a.buffer.shape) else None))
-    for buf in sized:
-        if buf.scope() != "global":
-            return (f"TVM lowers the schedule to a {buf.scope()} buffer of symbolic size "
-                    f"({', '.join(map(str, buf.shape))}), which code generation cannot allocate")
+        a.buffer) if a.buffer.scope() != "global" and symbolic(a.buffer) else None))
+    if sized:
+        return (f"TVM lowers the schedule to a {sized[0].scope()} buffer of symbolic size "
+                f"({', '.join(map(str, sized[0].shape))}), which code generation cannot allocate")
     in_kernel = []
 
     def on_launch(attr):
@@ -89,4 +89,13 @@ def check_scratch(sch, func: tirx.PrimFunc, target) -> None:
         raise ValueError(why)
 
 
-__all__ = ["check_scratch", "has_clamped_extent", "lower"]
+def checked_schedule(rule, func: tirx.PrimFunc, target, tunable: bool = False):
+    """``rule``'s schedule of ``func`` (None: not its); raises ValueError where TVM could not
+    compile it (:func:`check_scratch`; a tunable rule's list of schedules is left to its tuner)."""
+    sch = rule.apply(func, target, tunable)
+    if sch is not None and not isinstance(sch, list):
+        check_scratch(sch, func, target)
+    return sch
+
+
+__all__ = ["check_scratch", "checked_schedule", "has_clamped_extent", "lower"]

@@ -23,7 +23,7 @@ import logging
 
 from tvm.s_tir.dlight import ScheduleRule
 
-from ..scratch import check_scratch
+from ..scratch import checked_schedule
 
 logger = logging.getLogger("vtc_tvm")
 
@@ -36,10 +36,7 @@ class Guarded(ScheduleRule):
 
     def apply(self, func, target, tunable):
         try:
-            sch = self.rule.apply(func, target, tunable)
-            if sch is not None and not isinstance(sch, list):
-                check_scratch(sch, func, target)
-            return sch
+            return checked_schedule(self.rule, func, target, tunable)
         except Exception as err:  # noqa: BLE001 - whatever DLight raises, the next rule decides
             logger.debug("%s raised on a kernel, the next rule schedules it: %s: %s", type(self.rule).__name__,
                          type(err).__name__, str(err).strip().splitlines()[-1:] or "")
