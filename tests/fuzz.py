@@ -63,7 +63,7 @@ from tvm import relax
 
 import vtc_tvm
 from vtc_tvm.pipeline import store_side_pipeline
-from tests.schedule_semantics import Recorder, check_all
+from tests.schedule_semantics import Recorder
 
 # CUDA mode: kernels our schedule rules took, by rule, each checked on llvm (tests.schedule_semantics)
 SCHEDULE_CHECKS: collections.Counter = collections.Counter()
@@ -1125,7 +1125,7 @@ def build_differential(mod: tvm.IRModule, strategies=STRATEGIES, symbolic: bool 
         try:  # the "vtc" pipeline's options: memory guard on
             new = vtc_tvm.VirtualTensorize(strategy=strategy, target=target, memory_guard=True)(mod)
             cuda_build(new, store_side_pipeline(target, schedules=recorder.rules))
-            problems, skipped = check_all(recorder.taken)
+            problems, skipped = recorder.check()
             SCHEDULE_CHECKS.update(t.rule for t in recorder.taken)
             SCHEDULE_CHECKS.update({f"skipped ({why})": n for why, n in skipped.items()})
             ours = kernel_census(new, target, stores=True) if strategy == STRATEGIES[0] else None

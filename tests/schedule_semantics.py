@@ -50,13 +50,25 @@ class Taken:
 
 class Recorder:
     """``rules``: :func:`vtc_tvm.schedules.default_rules` with ours recording into ``taken``
-    (a pipeline's ``schedules=`` argument)."""
+    (a pipeline's ``schedules=`` argument) and what ours raised, or scheduled in a way TVM
+    cannot compile, into ``raised`` (the guard hands such a kernel to the next rule: the build
+    goes on, but the rule has a defect)."""
 
     def __init__(self, target):
         self.taken: list[Taken] = []
+        self.raised: list[str] = []
         self.target = tvm.target.Target(target)
-        self.rules = [Recording(r, self._take) if isinstance(S.unguarded(r), OURS) else r
-                      for r in S.default_rules(target)]
+        self.rules = [Recording(S.Guarded(S.unguarded(r), self._raise), self._take)
+                      if isinstance(S.unguarded(r), OURS) else r for r in S.default_rules(target)]
+
+    def _raise(self, rule, func, err) -> None:
+        last = str(err).strip().splitlines()[-1:] or [""]
+        self.raised.append(f"{type(rule).__name__} raised {type(err).__name__}: {last[0][:300]}")
+
+    def check(self, seed: int = 0) -> tuple[list[str], dict]:
+        """:func:`check_all` over every kernel taken, each error raised counted as a problem."""
+        problems, skipped = check_all(self.taken, seed)
+        return self.raised + problems, skipped
 
     def _take(self, rule, func, sch) -> None:
         rule = S.unguarded(rule)

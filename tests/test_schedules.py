@@ -437,6 +437,27 @@ def test_a_dlight_rule_that_raises_passes_the_kernel_on():
     assert not problems
 
 
+def test_an_error_of_our_rule_is_a_defect_in_the_schedule_checks(monkeypatch):
+    """In a build an error of our rule costs the kernel its schedule (the guard passes it on);
+    the CPU checks of our schedules (tests/schedule_semantics.py's Recorder, which every fuzzer's
+    schedule check uses) count it as a problem with the rule's name and the error."""
+    from vtc_tvm.schedules.recording import Recording
+    from tests.conftest import conv_kernel
+    from tests.schedule_semantics import Recorder
+
+    def boom(self, func, target, tunable):
+        raise RuntimeError("first line\nboom")
+
+    monkeypatch.setattr(S.WindowReduction, "apply", boom)
+    recorder = Recorder(TARGET)
+    (window,) = [r for r in recorder.rules if isinstance(r, Recording) and isinstance(S.unguarded(r.rule), S.WindowReduction)]
+    with TARGET:
+        assert window.apply(conv_kernel(C=32, H=12, relu=False), TARGET, False) is None
+    assert recorder.raised == ["WindowReduction raised RuntimeError: boom"] and not recorder.taken
+    problems, _ = recorder.check()
+    assert problems == recorder.raised
+
+
 def test_a_dlight_schedule_tvm_cannot_compile_passes_the_kernel_on():
     """A matmul over a slice clamped on a symbolic axis (extent ``min(1, n)``, graph fuzz 927,
     tests/regressions/case_b3855f0659.py, read through the slice's mapping): DLight's Matmul

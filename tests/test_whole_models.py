@@ -137,12 +137,12 @@ def test_vtc_builds_fp16_with_a_symbolic_batch_for_cuda(name):
     symbolic batch; ``vtc_tvm.schedules.fitted_tensor_core``)."""
     from vtc_tvm.pipeline import cuda_target, vtc_pipeline
     from tests.fuzz import cuda_build
-    from tests.schedule_semantics import Recorder, check_all
+    from tests.schedule_semantics import Recorder
 
     recorder = Recorder(cuda_target())
     cuda_build(_import(WM.whole_model(name, "small", "N", 0, "float16")),
                vtc_pipeline(cuda_target(), schedules=recorder.rules))
-    problems, skipped = check_all(recorder.taken)
+    problems, skipped = recorder.check()
     assert recorder.taken and not problems and not skipped
     if name == "yolo11n":
         assert "FittedTensorCoreGEMM" in {t.rule for t in recorder.taken}

@@ -12,7 +12,9 @@ size; a rule that leaves one of a block's outputs in global memory inside the ke
 build too (:mod:`vtc_tvm.scratch` checks both, lowering only the schedules concerned).
 ``Guarded(rule)`` answers None instead, so the rule list goes on to the next rule (at worst
 ``Fallback``, which schedules any kernel); the error is logged at debug level with the rule's
-name. Each rule builds its own schedule from the kernel, so one that raised leaves nothing
+name and handed to ``on_error(rule, func, err)`` where one is given (the CPU checks of our
+schedules, ``tests/schedule_semantics.py``, count every error of ours as a defect: in a user's
+build it costs the kernel our schedule, not the build). Each rule builds its own schedule from the kernel, so one that raised leaves nothing
 behind. :func:`vtc_tvm.schedules.default_rules` guards every rule, ours too: they catch what
 they raise themselves, the scratch check is what the guard adds for them.
 """
@@ -20,6 +22,7 @@ they raise themselves, the scratch check is what the guard adds for them.
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from tvm.s_tir.dlight import ScheduleRule
 
@@ -31,8 +34,8 @@ logger = logging.getLogger("vtc_tvm")
 class Guarded(ScheduleRule):
     """``rule``, with an exception it raises on a kernel taken as None ("not mine")."""
 
-    def __init__(self, rule: ScheduleRule):
-        self.rule = rule
+    def __init__(self, rule: ScheduleRule, on_error: Callable | None = None):
+        self.rule, self.on_error = rule, on_error
 
     def apply(self, func, target, tunable):
         try:
@@ -40,6 +43,8 @@ class Guarded(ScheduleRule):
         except Exception as err:  # noqa: BLE001 - whatever DLight raises, the next rule decides
             logger.debug("%s raised on a kernel, the next rule schedules it: %s: %s", type(self.rule).__name__,
                          type(err).__name__, str(err).strip().splitlines()[-1:] or "")
+            if self.on_error is not None:
+                self.on_error(self.rule, func, err)
             return None
 
     def is_target_available(self, target) -> bool:
