@@ -458,6 +458,39 @@ def test_an_error_of_our_rule_is_a_defect_in_the_schedule_checks(monkeypatch):
     assert problems == recorder.raised
 
 
+def test_an_error_of_our_rule_is_a_warning_once_in_a_build(monkeypatch, caplog):
+    """In :func:`vtc_tvm.schedules.default_rules` an error of our rule is logged as a warning
+    (a defect of vtc_tvm the user should see), once a process for each rule and error; DLight's
+    errors stay debug messages (tests/schedule_fuzz.py case 1313's GEMV assertion)."""
+    import logging
+
+    from vtc_tvm.schedules import guard
+    from tests.conftest import conv_kernel
+
+    def boom(self, func, target, tunable):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(S.WindowReduction, "apply", boom)
+    monkeypatch.setattr(guard, "_REPORTED", set())
+    (window,) = [r for r in S.default_rules(TARGET) if isinstance(S.unguarded(r), S.WindowReduction)]
+    with TARGET, caplog.at_level(logging.DEBUG, logger="vtc_tvm"):
+        for c in (16, 32):
+            assert window.apply(conv_kernel(C=c, H=12, relu=False), TARGET, False) is None
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "WindowReduction" in warnings[0].getMessage() and "boom" in warnings[0].getMessage()
+    caplog.clear()
+    gemv = next(r for r in S.default_rules(TARGET) if type(S.unguarded(r)).__name__ == "GEMV")
+    from tests.schedule_fuzz import Case
+
+    from tests.conftest import FUSE
+
+    kernels = [f for _, f in FUSE(Case(1313).build()).functions_items() if isinstance(f, tirx.PrimFunc)]
+    with TARGET, caplog.at_level(logging.DEBUG, logger="vtc_tvm"):
+        assert any(gemv.apply(f, TARGET, False) is None for f in kernels)
+    assert any("GEMV raised" in r.getMessage() for r in caplog.records)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
 def test_a_dlight_schedule_tvm_cannot_compile_passes_the_kernel_on():
     """A matmul over a slice clamped on a symbolic axis (extent ``min(1, n)``, graph fuzz 927,
     tests/regressions/case_b3855f0659.py, read through the slice's mapping): DLight's Matmul

@@ -31,7 +31,7 @@ import tvm
 from .accumulate import widen_accumulator
 from .decode_attention import DecodeAttention
 from .fitted_tensor_core import FittedTensorCoreGEMM
-from .guard import Guarded, unguarded
+from .guard import Guarded, report_defect, unguarded
 from .low_batch_gemm import LowBatchGEMM
 from .narrow_gemm import NarrowGEMM
 from .tensor_core_gemm import TensorCoreGEMM
@@ -59,8 +59,9 @@ def our_rules(target) -> list:
 def default_rules(target) -> list:
     """Our rules first, then exactly TVM's own rule list for ``target``, each :class:`.Guarded`
     (a rule that raises on a kernel, or schedules it in a way TVM cannot compile, passes it on to
-    the next rule instead of ending the build; :func:`.guard.unguarded` gives the rule back)."""
-    return [Guarded(r) for r in our_rules(target) + stock_rules(target)]
+    the next rule instead of ending the build; :func:`.guard.unguarded` gives the rule back). An
+    error of ours is also a warning (:func:`.guard.report_defect`), DLight's a debug message."""
+    return [Guarded(r, report_defect) for r in our_rules(target)] + [Guarded(r) for r in stock_rules(target)]
 
 
 def ApplySchedules(target) -> tvm.transform.Pass:  # noqa: N802 - a pass, named like TVM's

@@ -42,7 +42,7 @@ class Guarded(ScheduleRule):
             return checked_schedule(self.rule, func, target, tunable)
         except Exception as err:  # noqa: BLE001 - whatever DLight raises, the next rule decides
             logger.debug("%s raised on a kernel, the next rule schedules it: %s: %s", type(self.rule).__name__,
-                         type(err).__name__, str(err).strip().splitlines()[-1:] or "")
+                         type(err).__name__, error_line(err))
             if self.on_error is not None:
                 self.on_error(self.rule, func, err)
             return None
@@ -51,9 +51,29 @@ class Guarded(ScheduleRule):
         return self.rule.is_target_available(target)
 
 
+def error_line(err: Exception) -> str:
+    lines = str(err).strip().splitlines()
+    return lines[-1][:300] if lines else ""
+
+
+_REPORTED: set = set()
+
+
+def report_defect(rule: ScheduleRule, func, err: Exception) -> None:
+    """``on_error`` of our rules in :func:`vtc_tvm.schedules.default_rules`: a warning, once a
+    process for each rule and error. DLight's rules raise by design on kernels just outside their
+    reach (debug log only); one of ours raising is a defect of vtc_tvm, which the user should see
+    even though the build goes on (the kernel loses our schedule, not its correctness)."""
+    key = (type(rule).__name__, type(err).__name__, error_line(err))
+    if key not in _REPORTED:
+        _REPORTED.add(key)
+        logger.warning("vtc_tvm's %s schedule rule failed on a kernel (%s: %s); the next rule scheduled it. "
+                       "Please report this with the model.", *key)
+
+
 def unguarded(rule: ScheduleRule) -> ScheduleRule:
     """The rule a :class:`Guarded` guards (``rule`` itself otherwise)."""
     return rule.rule if isinstance(rule, Guarded) else rule
 
 
-__all__ = ["Guarded", "unguarded"]
+__all__ = ["Guarded", "error_line", "report_defect", "unguarded"]
