@@ -16,6 +16,7 @@ import tvm_ffi
 from tvm import relax, te, tirx
 from tvm.s_tir.analysis import verify_well_formed
 from tvm.support import nvcc
+from tvm.script import tirx as T
 
 import vtc_tvm.schedules as S
 from vtc_tvm.rewrite import normalize_loops
@@ -489,6 +490,37 @@ def test_an_error_of_our_rule_is_a_warning_once_in_a_build(monkeypatch, caplog):
         assert any(gemv.apply(f, TARGET, False) is None for f in kernels)
     assert any("GEMV raised" in r.getMessage() for r in caplog.records)
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@T.prim_func(private=True, s_tir=True)
+def _sum_through_repeat(x: T.Buffer((T.int64(21), T.int64(6), T.int64(2)), "float32"),
+                        out: T.Buffer((T.int64(63), T.int64(6), T.int64(1)), "float32")):
+    T.func_attr({"tirx.noalias": True})
+    for i, j, o, k in T.grid(T.int64(63), T.int64(6), T.int64(1), T.int64(2)):
+        with T.sblock("red"):
+            vi, vj, vo, vk = T.axis.remap("SSSR", [i, j, o, k])
+            with T.init():
+                out[vi, vj, vo] = T.float32(0.0)
+            out[vi, vj, vo] = out[vi, vj, vo] + x[vi // T.int64(3), vj, vk]
+
+
+def test_a_cross_thread_reduction_tvm_cannot_lower_passes_the_kernel_on():
+    """Graph fuzz 930 (tests/regressions/case_4d66e154a7.py): a sum over the last axis read through
+    ``repeat(x, 3, axis=0)``. DLight's Reduction rule leaves a spatial loop inside its thread-bound
+    reduction loop and TVM's LowerCrossThreadReduction stopped the build; the check runs that pass
+    on every schedule, so the guarded rule passes the kernel on and the next rule's schedule lowers."""
+    from tvm.s_tir import dlight as dl
+
+    from vtc_tvm.scratch import check_scratch
+
+    with TARGET:
+        sch = dl.gpu.Reduction().apply(_sum_through_repeat, TARGET, False)
+        with pytest.raises(ValueError, match="cross-thread reduction"):
+            check_scratch(sch, _sum_through_repeat, TARGET)
+        assert S.Guarded(dl.gpu.Reduction()).apply(_sum_through_repeat, TARGET, False) is None
+        rules = S.default_rules(TARGET)
+        taken = next(s for s in (r.apply(_sum_through_repeat, TARGET, False) for r in rules) if s is not None)
+    tvm.tirx.build(tvm.IRModule({"k": taken.mod["main"].with_attr("global_symbol", "k")}), target=TARGET)
 
 
 def test_a_dlight_schedule_tvm_cannot_compile_passes_the_kernel_on():

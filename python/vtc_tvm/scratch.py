@@ -15,6 +15,12 @@ CUDA code generation too ("Cannot allocate global memory when targeting CUDA"): 
 moves one of a block's outputs to registers and not another (argmax writes two buffers;
 ``tests/regressions/case_b42ed8bd77.py``, before WindowReduction declined such blocks). The
 check lowers only schedules that allocate a global intermediate at all.
+
+A cross-thread reduction needs its reduction loops innermost around the block; DLight's
+Reduction rule, given a sum read through a repeat (``x[i // 3]``), leaves a spatial loop inside
+the thread-bound reduction loop and TVM's ``LowerCrossThreadReduction`` stops the build
+(``tests/regressions/case_4d66e154a7.py``; stock's sum reads a physical tensor). That pass runs
+on every schedule checked (about a millisecond: it rewrites only cross-thread reductions).
 """
 
 from __future__ import annotations
@@ -22,6 +28,8 @@ from __future__ import annotations
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
+
+from .errors import last_line
 
 _CLAMPING = (tirx.Min, tirx.Max, tirx.FloorDiv, tirx.FloorMod, tirx.Sub)
 
@@ -77,11 +85,21 @@ def _unallocatable(lowered: tirx.PrimFunc) -> str | None:
     return None
 
 
+def _lowers_cross_thread_reductions(sch) -> None:
+    """Raise ValueError where TVM cannot lower a cross-thread reduction of the schedule."""
+    try:
+        s_tir.transform.LowerCrossThreadReduction()(sch.mod)
+    except Exception as err:  # noqa: BLE001 - TVM's check of the loops around the reduction
+        raise ValueError(f"TVM cannot lower the schedule's cross-thread reduction: {last_line(err)}") from None
+
+
 def check_scratch(sch, func: tirx.PrimFunc, target) -> None:
-    """Raise ValueError where TVM's lowering of ``func``'s schedule ``sch`` leaves a buffer the
-    kernel allocates that code generation rejects: a shared or local buffer of symbolic size (only
-    looked for where ``func`` has a clamped extent) or a global one inside the kernel's threads
-    (only where the schedule allocates a global intermediate). Other schedules are not lowered."""
+    """Raise ValueError where TVM cannot lower a cross-thread reduction of ``func``'s schedule
+    ``sch``, or where its lowering leaves a buffer the kernel allocates that code generation
+    rejects: a shared or local buffer of symbolic size (only looked for where ``func`` has a
+    clamped extent) or a global one inside the kernel's threads (only where the schedule
+    allocates a global intermediate). Other schedules are not lowered."""
+    _lowers_cross_thread_reductions(sch)
     if not (has_clamped_extent(func) or _allocates_global(sch.mod["main"])):
         return
     why = _unallocatable(lower(sch.mod["main"], target))
