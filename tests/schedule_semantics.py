@@ -31,7 +31,7 @@ from tvm import tirx
 
 from vtc_tvm import schedules as S
 from vtc_tvm.schedules import batched_gemv
-from vtc_tvm.schedules.guard import error_line
+from vtc_tvm.errors import last_line
 from vtc_tvm.schedules.recording import Recording
 from vtc_tvm.schedules.accumulate import needs_widening, reduction_update, widen_accumulator
 from tests.conftest import (allocated_buffers, kernel_arrays, launchable, run_llvm_all, serial_threads,
@@ -63,7 +63,7 @@ class Recorder:
                       if isinstance(S.unguarded(r), OURS) else r for r in S.default_rules(target)]
 
     def _raise(self, rule, func, err) -> None:
-        self.raised.append(f"{type(rule).__name__} raised {type(err).__name__}: {error_line(err)}")
+        self.raised.append(f"{type(rule).__name__} raised {type(err).__name__}: {last_line(err)}")
 
     def check(self, seed: int = 0) -> tuple[list[str], dict]:
         """:func:`check_all` over every kernel taken, each error raised counted as a problem."""

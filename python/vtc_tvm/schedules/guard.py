@@ -26,6 +26,7 @@ from typing import Callable
 
 from tvm.s_tir.dlight import ScheduleRule
 
+from ..errors import last_line
 from ..scratch import checked_schedule
 
 logger = logging.getLogger("vtc_tvm")
@@ -42,18 +43,13 @@ class Guarded(ScheduleRule):
             return checked_schedule(self.rule, func, target, tunable)
         except Exception as err:  # noqa: BLE001 - whatever DLight raises, the next rule decides
             logger.debug("%s raised on a kernel, the next rule schedules it: %s: %s", type(self.rule).__name__,
-                         type(err).__name__, error_line(err))
+                         type(err).__name__, last_line(err))
             if self.on_error is not None:
                 self.on_error(self.rule, func, err)
             return None
 
     def is_target_available(self, target) -> bool:
         return self.rule.is_target_available(target)
-
-
-def error_line(err: Exception) -> str:
-    lines = str(err).strip().splitlines()
-    return lines[-1][:300] if lines else ""
 
 
 _REPORTED: set = set()
@@ -64,7 +60,7 @@ def report_defect(rule: ScheduleRule, func, err: Exception) -> None:
     process for each rule and error. DLight's rules raise by design on kernels just outside their
     reach (debug log only); one of ours raising is a defect of vtc_tvm, which the user should see
     even though the build goes on (the kernel loses our schedule, not its correctness)."""
-    key = (type(rule).__name__, type(err).__name__, error_line(err))
+    key = (type(rule).__name__, type(err).__name__, last_line(err))
     if key not in _REPORTED:
         _REPORTED.add(key)
         logger.warning("vtc_tvm's %s schedule rule failed on a kernel (%s: %s); the next rule scheduled it. "
@@ -76,4 +72,4 @@ def unguarded(rule: ScheduleRule) -> ScheduleRule:
     return rule.rule if isinstance(rule, Guarded) else rule
 
 
-__all__ = ["Guarded", "error_line", "report_defect", "unguarded"]
+__all__ = ["Guarded", "report_defect", "unguarded"]
