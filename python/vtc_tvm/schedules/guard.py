@@ -12,10 +12,11 @@ size; a rule that leaves one of a block's outputs in global memory inside the ke
 build too (:mod:`vtc_tvm.scratch` checks both, lowering only the schedules concerned).
 ``Guarded(rule)`` answers None instead, so the rule list goes on to the next rule (at worst
 ``Fallback``, which schedules any kernel); the error is logged at debug level with the rule's
-name and handed to ``on_error(rule, func, err)`` where one is given (the CPU checks of our
-schedules, ``tests/schedule_semantics.py``, count every error of ours as a defect: in a user's
-build it costs the kernel our schedule, not the build). Each rule builds its own schedule from the kernel, so one that raised leaves nothing
-behind. :func:`vtc_tvm.schedules.default_rules` guards every rule, ours too: they catch what
+name and handed to ``on_error(rule, func, err)`` where one is given: :func:`report_defect` for
+our rules in a user's build (an error of ours costs the kernel our schedule, not the build, but
+it is a defect), a recorder in the CPU checks of our schedules (``tests/schedule_semantics.py``
+counts it as a problem). Each rule builds its own schedule from the kernel, so one that raised
+leaves nothing behind. :func:`vtc_tvm.schedules.default_rules` guards every rule, ours too: they catch what
 they raise themselves, the scratch check is what the guard adds for them.
 """
 
