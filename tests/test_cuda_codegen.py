@@ -202,12 +202,15 @@ def _original_first(original, candidates, target):
 
 def _every_rule(func, target):
     """DLight's search with no rule skipped: ``(index of the first rule that schedules func, its
-    schedule)``, or what the rule raised."""
+    schedule)``, or what the rule raised; a schedule TVM cannot compile raises, as in the package
+    (:func:`vtc_tvm.scratch.checked_schedule`: e.g. Reduction's cross-thread sum over a GQA read
+    through a concat at a 33-long context, which TVM cannot lower)."""
     from vtc_tvm.rewrite import _dlight_rules
+    from vtc_tvm.scratch import checked_schedule
 
     rules = _dlight_rules()
     for i, rule in enumerate(rules):
-        sch = rule.apply(func, target, False)
+        sch = checked_schedule(rule, func, target)
         if sch is not None:
             return i, sch
     return len(rules), None
