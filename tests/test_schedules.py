@@ -466,7 +466,8 @@ def test_an_error_of_our_rule_is_a_warning_once_in_a_build(monkeypatch, caplog):
     import logging
 
     from vtc_tvm.schedules import guard
-    from tests.conftest import conv_kernel
+    from tests.conftest import FUSE, conv_kernel
+    from tests.schedule_fuzz import Case
 
     def boom(self, func, target, tunable):
         raise RuntimeError("boom")
@@ -481,10 +482,6 @@ def test_an_error_of_our_rule_is_a_warning_once_in_a_build(monkeypatch, caplog):
     assert len(warnings) == 1 and "WindowReduction" in warnings[0].getMessage() and "boom" in warnings[0].getMessage()
     caplog.clear()
     gemv = next(r for r in S.default_rules(TARGET) if type(S.unguarded(r)).__name__ == "GEMV")
-    from tests.schedule_fuzz import Case
-
-    from tests.conftest import FUSE
-
     kernels = [f for _, f in FUSE(Case(1313).build()).functions_items() if isinstance(f, tirx.PrimFunc)]
     with TARGET, caplog.at_level(logging.DEBUG, logger="vtc_tvm"):
         assert any(gemv.apply(f, TARGET, False) is None for f in kernels)
@@ -508,10 +505,12 @@ def test_a_cross_thread_reduction_tvm_cannot_lower_passes_the_kernel_on():
     """Graph fuzz 930 (tests/regressions/case_4d66e154a7.py): a sum over the last axis read through
     ``repeat(x, 3, axis=0)``. DLight's Reduction rule leaves a spatial loop inside its thread-bound
     reduction loop and TVM's LowerCrossThreadReduction stopped the build; the check runs that pass
-    on every schedule, so the guarded rule passes the kernel on and the next rule's schedule lowers."""
+    on every schedule, so the guarded rule passes the kernel on and the next rule's schedule
+    builds and computes (threads serial, on llvm) the sum it was given."""
     from tvm.s_tir import dlight as dl
 
     from vtc_tvm.scratch import check_scratch
+    from tests.schedule_semantics import Taken, check
 
     with TARGET:
         sch = dl.gpu.Reduction().apply(_sum_through_repeat, TARGET, False)
@@ -521,6 +520,7 @@ def test_a_cross_thread_reduction_tvm_cannot_lower_passes_the_kernel_on():
         rules = S.default_rules(TARGET)
         taken = next(s for s in (r.apply(_sum_through_repeat, TARGET, False) for r in rules) if s is not None)
     tvm.tirx.build(tvm.IRModule({"k": taken.mod["main"].with_attr("global_symbol", "k")}), target=TARGET)
+    assert check(Taken("next rule", _sum_through_repeat, taken.mod["main"], target=TARGET)) is None
 
 
 def test_a_dlight_schedule_tvm_cannot_compile_passes_the_kernel_on():

@@ -16,8 +16,8 @@ name and handed to ``on_error(rule, func, err)`` where one is given: :func:`repo
 our rules in a user's build (an error of ours costs the kernel our schedule, not the build, but
 it is a defect), a recorder in the CPU checks of our schedules (``tests/schedule_semantics.py``
 counts it as a problem). Each rule builds its own schedule from the kernel, so one that raised
-leaves nothing behind. :func:`vtc_tvm.schedules.default_rules` guards every rule, ours too: they catch what
-they raise themselves, the scratch check is what the guard adds for them.
+leaves nothing behind. :func:`vtc_tvm.schedules.default_rules` guards every rule, ours too: they
+catch what they raise themselves, the scratch check is what the guard adds for them.
 """
 
 from __future__ import annotations
